@@ -1,3 +1,12 @@
+"""The book's paddle helpers, generated from its #@save cells by `make lib`.
+
+Use it as `from d2l import paddle as d2l`.
+"""
+import sys
+
+# Saved code refers to its siblings as d2l.name, as the book's cells do.
+d2l = sys.modules[__name__]
+
 #################   WARNING   ################
 # The below part is generated automatically through:
 #    d2lbook build lib
