@@ -1,0 +1,435 @@
+"""The claims of the helpers section (chapter_multi_gpu/helpers.md), per framework."""
+import gzip
+import hashlib
+import http.server
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from conftest import MODULES, ROOT
+
+
+# ---------------------------------------------------------------- devices
+
+def is_cpu(framework, device):
+    if framework == 'pytorch':
+        return device.type == 'cpu'
+    if framework == 'mxnet':
+        return device.device_type == 'cpu'
+    return device.is_cpu_place()
+
+
+def test_try_gpu_falls_back_to_the_cpu_when_that_gpu_is_missing(framework, d2l):
+    assert is_cpu(framework, d2l.try_gpu(d2l.num_gpus()))
+    assert is_cpu(framework, d2l.try_gpu(d2l.num_gpus() + 5))
+
+
+def test_mxnet_fallback_contexts_are_distinct(framework, d2l):
+    if framework != 'mxnet':
+        pytest.skip('distinct CPU contexts are an MXNet feature')
+    k = d2l.num_gpus()
+    assert d2l.try_gpu(k) != d2l.try_gpu(k + 1)
+
+
+def test_try_all_gpus_is_never_empty(framework, d2l):
+    devices = d2l.try_all_gpus()
+    assert len(devices) == max(1, d2l.num_gpus())
+    if d2l.num_gpus() == 0:
+        assert is_cpu(framework, devices[0])
+
+
+def test_try_gpu_rejects_a_negative_index(d2l):
+    with pytest.raises(ValueError, match='non-negative'):
+        d2l.try_gpu(-1)
+
+
+@pytest.mark.slow
+def test_installed_package_imports_from_any_directory(framework, tmp_path):
+    """`pip install -e .` makes `from d2l import X as d2l` work outside the repo."""
+    env = {k: v for k, v in os.environ.items() if k != 'PYTHONPATH'}
+    code = (f'from d2l import {MODULES[framework]} as d2l; '
+            'print(len(d2l.try_all_gpus()), d2l.try_all_gpus())')
+    out = subprocess.run([sys.executable, '-c', code], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    count, devices = out.stdout.strip().splitlines()[-1].split(' ', 1)
+    assert int(count) >= 1
+    assert 'cpu' in devices.lower() or 'gpu' in devices.lower()
+
+
+# ---------------------------------------------------------------- timing and counting
+
+def test_timer_measures_intervals(d2l):
+    timer = d2l.Timer()
+    time.sleep(0.02)
+    first = timer.stop()
+    timer.start()
+    time.sleep(0.01)
+    timer.stop()
+    assert 0.015 < first < 1
+    assert timer.sum() == pytest.approx(sum(timer.times))
+    assert timer.avg() == pytest.approx(timer.sum() / 2)
+    assert timer.cumsum()[-1] == pytest.approx(timer.sum())
+
+
+def test_accumulator_keeps_running_sums(d2l):
+    acc = d2l.Accumulator(2)
+    acc.add(1, 10)
+    acc.add(2.5, 5)
+    assert (acc[0], acc[1]) == (3.5, 15)
+    acc.reset()
+    assert acc.data == [0.0, 0.0]
+    with pytest.raises(ValueError, match='expected 2 values, got 3'):
+        acc.add(1, 2, 3)
+
+
+def tensor(framework, values, dtype='float32'):
+    """A framework tensor on the CPU holding `values`."""
+    values = np.asarray(values, dtype=dtype)
+    if framework == 'pytorch':
+        import torch
+        return torch.from_numpy(values)
+    if framework == 'mxnet':
+        import mxnet as mx
+        return mx.nd.array(values, dtype=dtype)
+    import paddle
+    return paddle.to_tensor(values)
+
+
+def test_accuracy_counts_correct_predictions(framework, d2l):
+    label_dtype = 'int32' if framework == 'mxnet' else 'int64'
+    scores = tensor(framework, [[0.1, 0.9, 0.0], [0.8, 0.1, 0.1],
+                                [0.2, 0.3, 0.5], [0.6, 0.3, 0.1]])
+    labels = tensor(framework, [1, 0, 1, 0], label_dtype)
+    assert d2l.accuracy(scores, labels) == 3.0
+    # Already-decided labels are compared directly.
+    assert d2l.accuracy(tensor(framework, [1, 1, 1, 1], label_dtype),
+                        labels) == 2.0
+
+
+def linear_classifier(framework, weight):
+    """A bias-free linear layer with the given (out, in) weight, on the CPU."""
+    weight = np.asarray(weight, dtype='float32')
+    n_out, n_in = weight.shape
+    if framework == 'pytorch':
+        import torch
+        net = torch.nn.Linear(n_in, n_out, bias=False)
+        with torch.no_grad():
+            net.weight.copy_(torch.from_numpy(weight))
+        return net
+    if framework == 'mxnet':
+        import mxnet as mx
+        net = mx.gluon.nn.Dense(n_out, in_units=n_in, use_bias=False)
+        net.initialize(ctx=mx.cpu())
+        net.weight.set_data(mx.nd.array(weight))
+        return net
+    import paddle
+    net = paddle.nn.Linear(n_in, n_out, bias_attr=False)
+    net.weight.set_value(weight.T)  # paddle stores (in, out)
+    return net
+
+
+def test_evaluate_accuracy_gpu_returns_the_fraction_correct(framework, d2l):
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(50, 4)).astype('float32')
+    W = rng.normal(size=(3, 4)).astype('float32')
+    y = rng.integers(0, 3, size=50)
+    expected = float(np.mean((X @ W.T).argmax(axis=1) == y))
+    net = linear_classifier(framework, W)
+    label_dtype = 'int32' if framework == 'mxnet' else 'int64'
+    batches = [(tensor(framework, X[i:i + 16]),
+                tensor(framework, y[i:i + 16], label_dtype))
+               for i in range(0, 50, 16)]  # the last batch is smaller
+    assert d2l.evaluate_accuracy_gpu(net, batches) == pytest.approx(expected)
+
+
+def test_sgd_updates_parameters_in_place(framework, d2l):
+    init = np.array([1.0, -2.0, 3.0], dtype='float32')
+    if framework == 'pytorch':
+        import torch
+        w = torch.tensor(init, requires_grad=True)
+        (w * w).sum().backward()
+        grad = lambda: w.grad.numpy()
+    elif framework == 'mxnet':
+        import mxnet as mx
+        w = mx.nd.array(init)
+        w.attach_grad()
+        with mx.autograd.record():
+            loss = (w * w).sum()
+        loss.backward()
+        grad = lambda: w.grad.asnumpy()
+    else:
+        import paddle
+        w = paddle.to_tensor(init, stop_gradient=False)
+        (w * w).sum().backward()
+        grad = lambda: w.grad.numpy()
+    same_object = w
+    d2l.sgd([w], lr=0.5, batch_size=2)
+    updated = w.asnumpy() if framework == 'mxnet' else w.detach().numpy()
+    np.testing.assert_allclose(updated, init - 0.5 * 2 * init / 2)
+    assert w is same_object
+    if framework != 'mxnet':  # mxnet overwrites gradients on each backward
+        assert not np.any(grad() if grad() is not None else 0)
+
+
+def test_animator_draws_headless_and_saves_svg(d2l, tmp_path):
+    animator = d2l.Animator(xlabel='epoch', legend=['a', 'b'])
+    for epoch in range(1, 4):
+        animator.add(epoch, (epoch, None if epoch == 2 else 2 * epoch))
+    assert animator.Y == [[1, 2, 3], [2, 6]]
+    animator.savefig(tmp_path / 'curve.svg')
+    assert (tmp_path / 'curve.svg').read_text().lstrip().startswith('<?xml')
+
+
+# ---------------------------------------------------------------- the real data
+
+def as_numpy(framework, t):
+    return t.asnumpy() if framework == 'mxnet' else t.numpy()
+
+
+def collect(framework, data_iter):
+    Xs, ys = zip(*[(as_numpy(framework, X), as_numpy(framework, y))
+                   for X, y in data_iter])
+    return np.concatenate(Xs), np.concatenate(ys)
+
+
+def test_loader_yields_float_images_and_integer_labels(framework, d2l, quick,
+                                                       capsys):
+    train_iter, test_iter = d2l.load_data_fashion_mnist(batch_size=64)
+    assert 'quick mode' in capsys.readouterr().out
+    X, y = next(iter(train_iter))
+    assert tuple(X.shape) == (64, 1, 28, 28) and tuple(y.shape) == (64,)
+    assert 'float32' in str(X.dtype)
+    assert ('int32' if framework == 'mxnet' else 'int64') in str(y.dtype)
+    X, y = collect(framework, test_iter)
+    assert X.min() >= 0 and X.max() <= 1 and X.max() > 0.9
+    assert set(np.unique(y)) == set(range(10))
+
+
+def test_quick_subset_is_class_balanced(framework, d2l, quick):
+    train_iter, test_iter = d2l.load_data_fashion_mnist(batch_size=128)
+    for data_iter, split in ((train_iter, 'train'), (test_iter, 'test')):
+        _, y = collect(framework, data_iter)
+        per_class = d2l.QUICK_PER_CLASS[split]
+        assert np.bincount(y, minlength=10).tolist() == [per_class] * 10
+
+
+def test_quick_subset_is_identical_across_runs_and_frameworks(quick):
+    import importlib
+    seen = []
+    for framework in ('pytorch', 'mxnet', 'paddle'):
+        d2l = importlib.import_module(f'd2l.{MODULES[framework]}')
+        for _ in range(2):
+            _, test_iter = d2l.load_data_fashion_mnist(batch_size=50)
+            seen.append(collect(framework, test_iter))
+    for X, y in seen[1:]:
+        np.testing.assert_array_equal(X, seen[0][0])
+        np.testing.assert_array_equal(y, seen[0][1])
+
+
+def test_training_iterator_reshuffles_every_epoch(framework, d2l, quick):
+    train_iter, _ = d2l.load_data_fashion_mnist(batch_size=300)
+    first = as_numpy(framework, next(iter(train_iter))[1])
+    second = as_numpy(framework, next(iter(train_iter))[1])
+    assert sorted(first) == sorted(second) and list(first) != list(second)
+
+
+def test_full_mode_serves_all_70000_images(framework, d2l, monkeypatch,
+                                            capsys):
+    monkeypatch.setenv('D2L_QUICK', '0')
+    train_iter, test_iter = d2l.load_data_fashion_mnist(batch_size=1000)
+    assert 'full mode: 60000 training and 10000 test images' in \
+        capsys.readouterr().out
+    assert sum(1 for _ in test_iter) == 10
+
+
+def test_resize_changes_height_and_width(framework, d2l, quick):
+    _, test_iter = d2l.load_data_fashion_mnist(batch_size=4, resize=(32, 40))
+    assert tuple(next(iter(test_iter))[0].shape) == (4, 1, 32, 40)
+
+
+@pytest.mark.parametrize('batch_size, resize, message', [
+    (0, None, 'batch_size must be a positive integer, got 0'),
+    ('64', None, "batch_size must be a positive integer, got '64'"),
+    (64, 0, 'resize must be a positive integer'),
+    (64, (28, 28, 3), 'resize must be a positive integer'),
+])
+def test_loader_rejects_bad_arguments(d2l, batch_size, resize, message):
+    with pytest.raises(ValueError, match=message.replace('(', r'\(')):
+        d2l.load_data_fashion_mnist(batch_size, resize=resize)
+
+
+def test_unknown_quick_flag_is_an_error(d2l, monkeypatch):
+    monkeypatch.setenv('D2L_QUICK', 'yes')
+    with pytest.raises(ValueError, match="D2L_QUICK must be 0 .* got 'yes'"):
+        d2l.load_data_fashion_mnist(32)
+
+
+# ---------------------------------------------------------------- finding the files
+
+LABELS = 'train-labels-idx1-ubyte'
+
+
+def idx_labels(values):
+    """The bytes of an IDX file holding a vector of uint8 labels."""
+    values = bytes(values)
+    return b'\x00\x00\x08\x01' + len(values).to_bytes(4, 'big') + values
+
+
+@pytest.fixture
+def fixture_data(d2l, monkeypatch, tmp_path):
+    """Tiny label files in three search locations; the real hash table knows them.
+
+    Each location holds labels of a different value, so the value read back
+    says which location won. Returns (env_dir, local_dir, system_dir).
+    """
+    contents = {v: idx_labels([v] * 5) for v in (1, 2, 3)}
+    monkeypatch.setattr(d2l, '_FASHION_MNIST_CACHE', {})
+    monkeypatch.setitem(d2l.FASHION_MNIST_SHA256, LABELS,
+                        hashlib.sha256(contents[1]).hexdigest())
+    workdir = tmp_path / 'book' / 'chapter'
+    workdir.mkdir(parents=True)
+    monkeypatch.chdir(workdir)  # so ../data/fashion-mnist is tmp_path/book/data
+    dirs = (tmp_path / 'env', tmp_path / 'book' / 'data' / 'fashion-mnist',
+            tmp_path / 'system')
+    for folder, value in zip(dirs, (1, 2, 3)):
+        folder.mkdir(parents=True)
+        (folder / f'{LABELS}.gz').write_bytes(gzip.compress(contents[value]))
+    monkeypatch.setenv('D2L_DATA_DIR', str(dirs[0]))
+    monkeypatch.setattr(d2l, 'FASHION_MNIST_SYSTEM_DIR', str(dirs[2]))
+    # A port nothing listens on: the "internet" refuses at once.
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        closed_port = s.getsockname()[1]
+    monkeypatch.setenv('D2L_FASHION_MNIST_MIRROR',
+                       f'http://127.0.0.1:{closed_port}/')
+    return dirs, contents
+
+
+def read_value(d2l):
+    return int(d2l.read_idx_file(LABELS)[0])
+
+
+def test_search_order_is_env_then_local_then_system(d2l, monkeypatch,
+                                                    fixture_data):
+    (env_dir, local_dir, system_dir), contents = fixture_data
+    # Every copy must verify, so give each location the same hash.
+    for folder, value in zip((env_dir, local_dir, system_dir), (1, 2, 3)):
+        monkeypatch.setitem(d2l.FASHION_MNIST_SHA256, LABELS,
+                            hashlib.sha256(contents[value]).hexdigest())
+        assert read_value(d2l) == value
+        (folder / f'{LABELS}.gz').unlink()
+
+
+def test_unpacked_files_are_accepted(d2l, fixture_data):
+    (env_dir, _, _), contents = fixture_data
+    (env_dir / f'{LABELS}.gz').unlink()
+    (env_dir / LABELS).write_bytes(contents[1])
+    assert read_value(d2l) == 1
+
+
+def test_missing_everywhere_and_offline_names_the_three_remedies(
+        d2l, monkeypatch, fixture_data):
+    (env_dir, local_dir, system_dir), _ = fixture_data
+    for folder in (env_dir, local_dir, system_dir):
+        (folder / f'{LABELS}.gz').unlink()
+    with pytest.raises(d2l.DatasetError) as info:
+        d2l.read_idx_file(LABELS)
+    message = str(info.value)
+    assert 'D2L_DATA_DIR' in message
+    assert 'apt-get install dataset-fashion-mnist' in message
+    assert 'connect to the internet' in message
+    assert str(env_dir) in message
+    # One clear error, not a chain ending deep inside urllib.
+    assert info.value.__cause__ is None and info.value.__suppress_context__
+
+
+def test_truncated_file_names_the_file_and_the_expected_hash(d2l,
+                                                             fixture_data):
+    (env_dir, _, _), _ = fixture_data
+    path = env_dir / f'{LABELS}.gz'
+    path.write_bytes(path.read_bytes()[:-6])
+    with pytest.raises(d2l.DatasetError) as info:
+        d2l.read_idx_file(LABELS)
+    assert str(path) in str(info.value)
+    assert d2l.FASHION_MNIST_SHA256[LABELS] in str(info.value)
+
+
+def test_wrong_contents_are_a_hash_mismatch(d2l, fixture_data):
+    (env_dir, _, _), contents = fixture_data
+    (env_dir / f'{LABELS}.gz').write_bytes(gzip.compress(idx_labels([9] * 5)))
+    with pytest.raises(d2l.DatasetError, match='corrupt or truncated') as info:
+        d2l.read_idx_file(LABELS)
+    assert d2l.FASHION_MNIST_SHA256[LABELS] in str(info.value)
+
+
+class _Mirror(http.server.BaseHTTPRequestHandler):
+    """Serves one fixed body for every path, like a mirror on loopback."""
+    body = b''
+
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header('Content-Length', str(len(self.body)))
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def mirror(monkeypatch):
+    """A real HTTP server on 127.0.0.1 standing in for the dataset mirror."""
+    server = http.server.ThreadingHTTPServer(('127.0.0.1', 0), _Mirror)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    monkeypatch.setenv('D2L_FASHION_MNIST_MIRROR',
+                       f'http://127.0.0.1:{server.server_port}/')
+    yield _Mirror
+    server.shutdown()
+    server.server_close()
+
+
+def empty_search_path(env_dir, local_dir, system_dir):
+    for folder in (env_dir, local_dir, system_dir):
+        (folder / f'{LABELS}.gz').unlink()
+
+
+def test_download_is_verified_and_written_atomically(d2l, fixture_data,
+                                                     mirror):
+    dirs, contents = fixture_data
+    empty_search_path(*dirs)
+    mirror.body = gzip.compress(contents[1])
+    assert read_value(d2l) == 1
+    assert sorted(p.name for p in dirs[0].iterdir()) == [f'{LABELS}.gz']
+    assert gzip.decompress((dirs[0] / f'{LABELS}.gz').read_bytes()) == \
+        contents[1]
+
+
+def test_corrupt_download_is_rejected_and_nothing_is_kept(d2l, fixture_data,
+                                                          mirror):
+    dirs, contents = fixture_data
+    empty_search_path(*dirs)
+    mirror.body = gzip.compress(idx_labels([7] * 5))
+    with pytest.raises(d2l.DatasetError) as info:
+        d2l.read_idx_file(LABELS)
+    assert d2l.FASHION_MNIST_SHA256[LABELS] in str(info.value)
+    assert '127.0.0.1' in str(info.value)
+    assert list(dirs[0].iterdir()) == []
+
+
+def test_downloads_go_to_the_local_data_folder_without_d2l_data_dir(
+        d2l, monkeypatch, fixture_data, mirror):
+    dirs, contents = fixture_data
+    empty_search_path(*dirs)
+    monkeypatch.delenv('D2L_DATA_DIR')
+    mirror.body = gzip.compress(contents[1])
+    assert read_value(d2l) == 1
+    assert (dirs[1] / f'{LABELS}.gz').is_file()

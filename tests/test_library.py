@@ -1,0 +1,56 @@
+"""The committed d2l/ package is exactly what `d2lbook build lib` makes of the book."""
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+SOURCES = ('config.ini', 'index.md', 'references.bib', 'd2l', 'scripts')
+
+
+def copy_book(dest):
+    """Copy what `d2lbook build lib` reads: config, the table of contents, the pages."""
+    for name in SOURCES:
+        src = ROOT / name
+        if src.is_dir():
+            shutil.copytree(src, dest / name,
+                            ignore=shutil.ignore_patterns('__pycache__'))
+        else:
+            shutil.copy2(src, dest / name)
+    for chapter in ROOT.glob('chapter_*'):
+        shutil.copytree(chapter, dest / chapter.name,
+                        ignore=shutil.ignore_patterns('*.ipynb', '__pycache__'))
+
+
+@pytest.mark.slow
+def test_committed_library_equals_a_fresh_build(tmp_path):
+    copy_book(tmp_path)
+    out = subprocess.run([sys.executable, 'scripts/d2lbook', 'build', 'lib'],
+                         cwd=tmp_path, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    stale = [p.name for p in sorted((ROOT / 'd2l').glob('*.py'))
+             if p.read_text() != (tmp_path / 'd2l' / p.name).read_text()]
+    assert not stale, (f'd2l/{", d2l/".join(stale)} differ from what the book '
+                       'generates: run `make lib` and commit the result')
+
+
+@pytest.mark.parametrize('module', ['torch', 'mxnet', 'paddle'])
+def test_hand_written_part_sits_above_the_generated_header(module):
+    text = (ROOT / 'd2l' / f'{module}.py').read_text()
+    header = '#################   WARNING   ################'
+    assert text.count(header) == 1
+    hand_written = text.split(header)[0]
+    assert 'd2l = sys.modules[__name__]' in hand_written
+    assert 'def ' not in hand_written and 'class ' not in hand_written
+
+
+def test_version_comes_from_config():
+    import configparser
+    import d2l
+    config = configparser.ConfigParser()
+    config.read(ROOT / 'config.ini')
+    assert d2l.__version__ == config['project']['release']
