@@ -1,0 +1,301 @@
+"""The claims of chapter_multi_gpu/multiple-gpus.md, checked in every framework.
+
+Without GPUs, k "devices" are the CPU k times in PyTorch and PaddlePaddle and
+the distinct contexts cpu(0), ..., cpu(k-1) in MXNet, so every copy and every
+sum of the data-parallel algorithm really runs.
+"""
+import numpy as np
+import pytest
+
+REDUCERS = ('allreduce', 'ring_allreduce')
+# (examples, devices): even and uneven splits, and as many devices as examples.
+SPLITS = [(5, 1), (8, 2), (7, 2), (7, 3), (9, 3), (4, 4), (10, 4), (13, 4)]
+TOL = 1e-5  # float32, on averaged gradients (what SGD applies) and on sums of O(1) values
+
+
+@pytest.fixture(autouse=True)
+def paddle_default_device_is_the_cpu(framework):
+    """PaddlePaddle runs operations on its default device; on a GPU machine make
+    that the CPU the tests place their arrays on (the book uses device_guard)."""
+    if framework != 'paddle':
+        yield
+        return
+    import paddle
+    with paddle.device.device_guard(paddle.CPUPlace()):
+        yield
+
+
+def cpu_devices(framework, k):
+    """k devices for the framework at hand, as the book's fallback gives them."""
+    if framework == 'mxnet':
+        import mxnet as mx
+        return [mx.cpu(i) for i in range(k)]
+    if framework == 'paddle':
+        import paddle
+        return [paddle.CPUPlace() for _ in range(k)]
+    import torch
+    return [torch.device('cpu')] * k
+
+
+def tensor(framework, array, device=None):
+    """A framework tensor holding a copy of a NumPy array, on `device` if given."""
+    if framework == 'mxnet':
+        import mxnet as mx
+        return mx.nd.array(array, ctx=device or mx.cpu(), dtype=array.dtype)
+    if framework == 'paddle':
+        import paddle
+        return paddle.to_tensor(array, place=device or paddle.CPUPlace())
+    import torch
+    return torch.tensor(array, device=device)
+
+
+def numpy(framework, x):
+    """A NumPy copy of a framework tensor."""
+    if framework == 'mxnet':
+        return x.asnumpy()
+    if framework == 'paddle':
+        return x.numpy()
+    return x.detach().cpu().numpy()
+
+
+def device_of(framework, x):
+    """The device a tensor lives on, as a comparable string."""
+    if framework == 'mxnet':
+        return str(x.context)
+    if framework == 'paddle':
+        return str(x.place)
+    return str(x.device)
+
+
+def backward_on_shards(framework, d2l, X_shards, y_shards, device_params):
+    """Each device's summed loss on its shard, differentiated into its replica's .grad."""
+    pairs = list(zip(X_shards, y_shards, device_params))
+    if framework == 'mxnet':
+        from mxnet import autograd
+        with autograd.record():
+            losses = [d2l.cross_entropy_sum(d2l.lenet(X, W), y)
+                      for X, y, W in pairs]
+    else:
+        losses = [d2l.cross_entropy_sum(d2l.lenet(X, W), y)
+                  for X, y, W in pairs]
+    for loss in losses:
+        loss.backward()
+
+
+def add_in_place(framework, x, value):
+    """Add `value` to every entry of `x` without recording it for autograd."""
+    if framework == 'pytorch':
+        import torch
+        with torch.no_grad():
+            x += value
+    elif framework == 'paddle':
+        import paddle
+        with paddle.no_grad():
+            x[:] += value
+    else:
+        x[:] += value
+
+
+@pytest.fixture(scope='module')
+def images():
+    """The first real Fashion-MNIST training images and labels (quick subset)."""
+    from d2l import torch as any_d2l  # the arrays are framework-neutral NumPy
+    X, y = any_d2l.fashion_mnist_arrays('train', quick=True)
+    return X[:16], y[:16]
+
+
+def batch(framework, images, n):
+    X, y = images
+    labels = y[:n].astype(np.int32 if framework == 'mxnet' else np.int64)
+    return tensor(framework, X[:n]), tensor(framework, labels)
+
+
+def whole_batch_gradient(framework, d2l, X, y):
+    """The gradient of the summed loss over the whole batch on one device."""
+    device = cpu_devices(framework, 1)[0]
+    params = d2l.get_params(d2l.lenet_params(), device)
+    backward_on_shards(framework, d2l, [X], [y], [params])
+    return [numpy(framework, p.grad) for p in params]
+
+
+@pytest.mark.parametrize('reducer', REDUCERS)
+@pytest.mark.parametrize('n,k', SPLITS)
+def test_k_device_gradient_equals_one_device_gradient(framework, d2l, images,
+                                                      reducer, n, k):
+    X, y = batch(framework, images, n)
+    expected = whole_batch_gradient(framework, d2l, X, y)
+    devices = cpu_devices(framework, k)
+    device_params = [d2l.get_params(d2l.lenet_params(), d) for d in devices]
+    X_shards, y_shards = d2l.split_batch(X, y, devices)
+    backward_on_shards(framework, d2l, X_shards, y_shards, device_params)
+    for i in range(len(expected)):
+        getattr(d2l, reducer)([W[i].grad for W in device_params])
+    for W in device_params:  # compare averages over the n examples
+        for p, g in zip(W, expected):
+            np.testing.assert_allclose(numpy(framework, p.grad) / n, g / n,
+                                       rtol=0, atol=TOL)
+
+
+def reduce_random_arrays(framework, d2l, reducer, shape, k, seed=0):
+    """Run a reducer on k random arrays; return the arrays passed in and their true sum."""
+    rng = np.random.default_rng(seed)
+    arrays = [rng.standard_normal(shape).astype(np.float32) for _ in range(k)]
+    data = [tensor(framework, a, d)
+            for a, d in zip(arrays, cpu_devices(framework, k))]
+    originals = list(data)  # the objects the devices hold, whatever the list becomes
+    getattr(d2l, reducer)(data)
+    return originals, np.sum(arrays, axis=0)
+
+
+@pytest.mark.parametrize('reducer', REDUCERS)
+@pytest.mark.parametrize('k', [1, 2, 3, 4])
+@pytest.mark.parametrize('shape', [(3, 5), (6, 1, 5, 5), (2,)])
+def test_allreduce_leaves_identical_sums_in_place_on_every_device(
+        framework, d2l, reducer, k, shape):
+    # (2,) over 4 devices leaves some ring chunks empty.
+    originals, total = reduce_random_arrays(framework, d2l, reducer, shape, k)
+    devices = cpu_devices(framework, k)
+    for x, device in zip(originals, devices):
+        assert device_of(framework, x) == str(device)  # stayed where it was
+        np.testing.assert_allclose(numpy(framework, x), total, rtol=0,
+                                   atol=TOL)
+    first = numpy(framework, originals[0])
+    for x in originals[1:]:
+        assert np.array_equal(numpy(framework, x), first)  # bit for bit
+
+
+def test_in_place_check_rejects_a_rebinding_allreduce(framework, d2l):
+    """The check above fails for the classic bug: new objects put in the list."""
+    class Buggy:
+        @staticmethod
+        def allreduce(data):
+            total = sum(numpy(framework, x) for x in data)
+            for i in range(len(data)):
+                data[i] = tensor(framework, total)
+
+    originals, total = reduce_random_arrays(framework, Buggy, 'allreduce',
+                                            (3, 5), 2)
+    assert not np.allclose(numpy(framework, originals[0]), total, atol=TOL)
+
+
+def test_ring_allreduce_equals_allreduce(framework, d2l):
+    summed = [reduce_random_arrays(framework, d2l, r, (7, 11), 3, seed=1)[0]
+              for r in REDUCERS]
+    for simple, ring in zip(*summed):
+        np.testing.assert_allclose(numpy(framework, ring),
+                                   numpy(framework, simple), rtol=0, atol=TOL)
+
+
+@pytest.mark.parametrize('n,k', [(7, 3), (256, 6), (4, 4), (5, 1), (10, 4)])
+def test_shard_sizes_differ_by_at_most_one_and_larger_come_first(d2l, n, k):
+    sizes = d2l.shard_sizes(n, k)
+    assert len(sizes) == k and sum(sizes) == n
+    assert sizes == sorted(sizes, reverse=True)
+    assert max(sizes) - min(sizes) <= 1
+
+
+@pytest.mark.parametrize('n,k', [(7, 3), (16, 6), (4, 4), (5, 1)])
+def test_split_batch_shards_are_in_order_on_their_devices(framework, d2l,
+                                                          images, n, k):
+    X, y = batch(framework, images, n)
+    devices = cpu_devices(framework, k)
+    X_shards, y_shards = d2l.split_batch(X, y, devices)
+    assert [s.shape[0] for s in X_shards] == d2l.shard_sizes(n, k)
+    assert [s.shape[0] for s in y_shards] == d2l.shard_sizes(n, k)
+    for X_s, y_s, device in zip(X_shards, y_shards, devices):
+        assert device_of(framework, X_s) == str(device)
+        assert device_of(framework, y_s) == str(device)
+    np.testing.assert_array_equal(
+        np.concatenate([numpy(framework, s) for s in X_shards]),
+        numpy(framework, X))
+    np.testing.assert_array_equal(
+        np.concatenate([numpy(framework, s) for s in y_shards]),
+        numpy(framework, y))
+
+
+def test_split_batch_names_both_lengths_when_they_differ(framework, d2l,
+                                                         images):
+    X, _ = batch(framework, images, 5)
+    _, y = batch(framework, images, 4)
+    with pytest.raises(ValueError, match=r'5 examples.*4 labels'):
+        d2l.split_batch(X, y, cpu_devices(framework, 2))
+
+
+def test_split_batch_names_the_numbers_when_devices_outnumber_examples(
+        framework, d2l, images):
+    X, y = batch(framework, images, 3)
+    with pytest.raises(ValueError, match=r'3 examples over 4 devices'):
+        d2l.split_batch(X, y, cpu_devices(framework, 4))
+
+
+def test_split_batch_rejects_an_empty_device_list(framework, d2l, images):
+    X, y = batch(framework, images, 3)
+    with pytest.raises(ValueError, match='devices is empty'):
+        d2l.split_batch(X, y, [])
+
+
+def test_get_params_makes_independent_replicas_that_record_gradients(
+        framework, d2l):
+    device = cpu_devices(framework, 1)[0]
+    a, b = (d2l.get_params(d2l.lenet_params(), device) for _ in range(2))
+    before = numpy(framework, b[1]).copy()
+    add_in_place(framework, a[1], 1.0)  # change one replica's bias
+    np.testing.assert_array_equal(numpy(framework, b[1]), before)
+    if framework == 'pytorch':
+        assert all(p.requires_grad and p.is_leaf for p in a)
+    elif framework == 'paddle':
+        assert all(not p.stop_gradient for p in a)
+    else:
+        assert all(p.grad is not None for p in a)
+
+
+@pytest.mark.parametrize('reducer', REDUCERS)
+def test_train_batch_on_three_devices_equals_the_one_device_step(
+        framework, d2l, images, reducer):
+    X, y = batch(framework, images, 10)
+    results = []
+    for k in (1, 3):
+        devices = cpu_devices(framework, k)
+        device_params = [d2l.get_params(d2l.lenet_params(), d)
+                         for d in devices]
+        d2l.train_batch(X, y, device_params, devices, lr=0.1,
+                        allreduce_fn=getattr(d2l, reducer))
+        results.append(device_params)
+    (one,), replicas = results
+    for W in replicas:
+        for p, q in zip(W, one):
+            np.testing.assert_allclose(numpy(framework, p),
+                                       numpy(framework, q), rtol=0, atol=TOL)
+    start = d2l.lenet_init_arrays()
+    assert not np.allclose(numpy(framework, one[0]), start[0])  # it moved
+
+
+def test_training_steps_lower_the_loss(framework, d2l, images):
+    X, y = batch(framework, images, 16)
+    devices = cpu_devices(framework, 2)
+    device_params = [d2l.get_params(d2l.lenet_params(), d) for d in devices]
+
+    def loss():
+        return float(numpy(framework, d2l.cross_entropy_sum(
+            d2l.lenet(X, device_params[0]), y)))
+
+    before = loss()
+    for _ in range(10):
+        d2l.train_batch(X, y, device_params, devices, lr=0.1)
+    assert loss() < 0.5 * before
+
+
+def test_accuracy_over_all_devices_equals_accuracy_on_one(framework, d2l,
+                                                          images):
+    # The last minibatch has fewer examples (2) than there are devices (3).
+    batches = [batch(framework, images, 16), batch(framework, images, 2)]
+    params = d2l.lenet_params(seed=3)
+    X_all, y_all = batches[0]
+    scores = numpy(framework, d2l.lenet(X_all, params))
+    correct = (scores.argmax(axis=1) == numpy(framework, y_all)).sum()
+    correct += (scores[:2].argmax(axis=1) == numpy(framework, y_all)[:2]).sum()
+    for k in (1, 3):
+        devices = cpu_devices(framework, k)
+        device_params = [d2l.get_params(params, d) for d in devices]
+        acc = d2l.evaluate_accuracy_replicas(device_params, batches, devices)
+        assert acc == pytest.approx(correct / 18)
