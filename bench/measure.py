@@ -1,0 +1,299 @@
+"""The measurements, each a function of (ops, settings) returning a dict.
+
+They call the book's own saved functions through `ops.d2l`; a function a
+section has not saved (yet) makes that measurement report why it was skipped
+instead of failing the whole run.
+"""
+import numpy as np
+
+from bench.harness import (MB, TRAIN_FLOPS_PER_FORWARD, bytes_per_device,
+                           fraction_of_peak, gpu_name, resnet18_conv_flops,
+                           speed_ratio, summarise, time_interleaved)
+
+
+class Missing(Exception):
+    """A function the measurement needs is not in the d2l package."""
+
+
+def need(d2l, *names):
+    """The d2l functions called `names`, or Missing naming the absent ones."""
+    absent = [n for n in names if not hasattr(d2l, n)]
+    if absent:
+        raise Missing(f'd2l.{", d2l.".join(absent)} not in {d2l.__name__}; '
+                      f'run `make lib` after the section saves it')
+    return [getattr(d2l, n) for n in names]
+
+
+def loader(ops, s):
+    """Examples per second of iterating the book's training loader, against
+    np.copyto of the same arrays (images and labels) as the upper limit."""
+    d2l = ops.d2l
+    train_iter, _ = d2l.load_data_fashion_mnist(s['loader_batch'])
+    images, labels = d2l.fashion_mnist_arrays(
+        'train', d2l.quick_mode(d2l.num_gpus()))
+    image_copy, label_copy = np.empty_like(images), np.empty_like(labels)
+    epochs = s['loader_epochs']
+
+    def iterate():
+        for _ in range(epochs):
+            for X, y in train_iter:
+                pass
+        # MXNet builds the batches asynchronously; wait for the last one.
+        ops.sync()
+
+    def copy():
+        for _ in range(epochs):
+            np.copyto(image_copy, images)
+            np.copyto(label_copy, labels)
+
+    times = time_interleaved({'loader': iterate, 'copy': copy},
+                             s['loader_reps'], s['warmup'])
+    n = len(labels) * epochs
+    out = {name: summarise(t, n) for name, t in times.items()}
+    out.update(examples=len(labels), batch_size=s['loader_batch'],
+               bytes_per_example=int(images[0].nbytes + labels[0].nbytes),
+               ratio=out['loader']['per_s'] / out['copy']['per_s'])
+    return out
+
+
+def allreduce(ops, s):
+    """Time of the section's naive and ring allreduce on k devices, with the
+    bytes each moves per device, for each parameter size."""
+    naive, ring = need(ops.d2l, 'allreduce', 'ring_allreduce')
+    rows = []
+    for k in s['allreduce_devices']:
+        devices = ops.devices(k)
+        # Both must leave the same sum on every device; check once, small.
+        for fn in (naive, ring):
+            data = [ops.filled(1000, d, i + 1) for i, d in enumerate(devices)]
+            fn(data)
+            ops.sync()
+            for x in data:
+                if not np.allclose(ops.to_numpy(x), k * (k + 1) / 2):
+                    raise AssertionError(f'{fn.__name__} left the wrong sum '
+                                         f'on a device; check it in the section')
+        for mb in s['allreduce_mb']:
+            n = mb * MB // 4  # float32 entries
+            # Zeros keep every repetition's sum finite, at the same cost.
+            bufs = {name: [ops.filled(n, d) for d in devices]
+                    for name in ('naive', 'ring')}
+            calls = s['allreduce_calls']
+            cases = {name: (lambda f, b: lambda: [f(b) for _ in range(calls)])(
+                fn, bufs[name]) for name, fn in (('naive', naive),
+                                                 ('ring', ring))}
+            times = time_interleaved(cases, s['allreduce_reps'], s['warmup'],
+                                     ops.sync)
+            row = {name: summarise([t / calls for t in ts])
+                   for name, ts in times.items()}
+            for name in ('naive', 'ring'):
+                row[name]['bytes_per_device'] = bytes_per_device(
+                    name, k, n * 4)
+            row.update(
+                k=k, mb=mb, devices=[str(d) for d in devices],
+                time_ratio=row['ring']['median_s'] / row['naive']['median_s'],
+                bytes_ratio=(row['ring']['bytes_per_device']['sent'] /
+                             row['naive']['bytes_per_device']['sent']))
+            rows.append(row)
+            del bufs, cases
+    return rows
+
+
+def scratch_lenet(ops, s):
+    """The from-scratch data-parallel step (`d2l.train_batch`) on 1 and on 2
+    devices at the same global batch, and where the 2-device time goes:
+    splitting the batch, summing the gradients, and the rest (forward and
+    backward of each shard, the update of each replica)."""
+    d2l = ops.d2l
+    train_batch, get_params, lenet_params, split_batch, allreduce = need(
+        d2l, 'train_batch', 'get_params', 'lenet_params', 'split_batch',
+        'allreduce')
+    batch, steps = s['lenet_batch'], s['lenet_steps']
+    X, y = ops.first_batch(batch)
+    cases, setups = {}, {}
+    for k in (1, 2):
+        devices = ops.devices(k)
+        params = [get_params(lenet_params(), d) for d in devices]
+        setups[k] = devices
+        cases[f'step_{k}'] = (lambda devices=devices, params=params: [
+            train_batch(X, y, params, devices, 0.1) for _ in range(steps)])
+    devices = setups[2]
+    cases['split_2'] = lambda: [split_batch(X, y, devices)
+                                for _ in range(steps)]
+    # The allreduce calls of a step, one per parameter, on buffers of the
+    # gradients' shapes and devices (copies of the parameters: the sums
+    # double each call, which stays finite for far more calls than we make).
+    bufs = [get_params(lenet_params(), d) for d in devices]
+    cases['allreduce_2'] = lambda: [
+        [allreduce([b[i] for b in bufs]) for i in range(len(bufs[0]))]
+        for _ in range(steps)]
+    # One device on half the global batch: on a CPU the two shards run one
+    # after the other, so twice this is what the 2-device compute should cost.
+    half = batch // 2
+    params = [get_params(lenet_params(), d) for d in setups[1]]
+    cases['step_1_half_batch'] = lambda: [
+        train_batch(X[:half], y[:half], params, setups[1], 0.1)
+        for _ in range(steps)]
+    times = time_interleaved(cases, s['lenet_reps'], s['warmup'], ops.sync)
+    t = {name: summarise(ts, batch * steps) for name, ts in times.items()}
+    out = dict(global_batch=batch, steps_per_rep=steps,
+               devices={k: [str(d) for d in v] for k, v in setups.items()},
+               one=t['step_1'], two=t['step_2'],
+               **speed_ratio(times['step_1'], times['step_2']))
+    out['time_per_example_increase'] = 1 / out['ratio'] - 1
+    med = {name: m['median_s'] / steps for name, m in t.items()}
+    out['breakdown_s_per_step'] = dict(
+        step_1=med['step_1'], step_2=med['step_2'],
+        extra_2=med['step_2'] - med['step_1'],
+        split_2=med['split_2'], allreduce_2=med['allreduce_2'],
+        rest_2=med['step_2'] - med['split_2'] - med['allreduce_2'],
+        two_half_batch_steps_1=2 * med['step_1_half_batch'])
+    return out
+
+
+def _concise_cases(ops, s, X, y):
+    """Callables running `resnet_steps` concise steps on 1 and on 2 devices,
+    each set up the way the concise section's training loop sets it up."""
+    d2l, steps, cases, devices = ops.d2l, s['resnet_steps'], {}, {}
+    if ops.name == 'pytorch':
+        import torch
+        from torch import nn
+        for k in (1, 2):
+            model, devs = d2l.data_parallel_model(d2l.resnet18(10), k)
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            loss = nn.CrossEntropyLoss()
+            model.train()
+            cases[k] = (lambda m=model, o=optimizer, l=loss, d=devs[0]: [
+                d2l.train_step_concise(m, X, y, l, o, d) for _ in range(steps)])
+            devices[k] = [str(d) for d in devs]
+    elif ops.name == 'mxnet':
+        from mxnet import gluon, init
+        for k in (1, 2):
+            devs = d2l.data_parallel_devices(k)
+            net = d2l.resnet18(10)
+            net.initialize(init.Xavier(), ctx=devs)
+            trainer = gluon.Trainer(net.collect_params(), 'sgd',
+                                    {'learning_rate': 0.1})
+            loss = gluon.loss.SoftmaxCrossEntropyLoss()
+            cases[k] = (lambda n=net, t=trainer, l=loss, d=devs: [
+                d2l.train_step_concise(n, X, y, l, t, d) for _ in range(steps)])
+            devices[k] = [str(d) for d in devs]
+    return cases, devices
+
+
+def _paddle_concise(ops, s):
+    """Paddle's concise training is one process per device: spawn 1, then 2."""
+    import paddle
+    from bench.workers import paddle_concise_steps
+    d2l, out = ops.d2l, {}
+    backend = 'nccl' if d2l.num_gpus() else 'gloo'
+    for k in (1, 2):
+        places = d2l.data_parallel_places(k)
+        context = paddle.distributed.spawn(
+            paddle_concise_steps, nprocs=len(places), backend=backend,
+            args=(s['resnet_batch'], s['resnet_steps'], s['resnet_warmup'],
+                  s['resnet_reps']))
+        records = [q.get() for q in context.return_queues]
+        # A round ends when the slowest process ends it.
+        per_round = [max(r['seconds'][i] for r in records)
+                     for i in range(s['resnet_reps'])]
+        out[k] = dict(seconds=per_round,
+                      devices=[r['device'] for r in records])
+    return out
+
+
+def concise_resnet18(ops, s):
+    """The concise section's step (`d2l.train_step_concise`) of ResNet-18 on
+    1 and 2 devices at the same global batch, and on a GPU the achieved
+    fraction of the device's peak arithmetic rate."""
+    d2l = ops.d2l
+    need(d2l, 'resnet18', 'train_step_concise')
+    batch, steps = s['resnet_batch'], s['resnet_steps']
+    if ops.name == 'paddle':
+        need(d2l, 'data_parallel_places')
+        runs = _paddle_concise(ops, s)
+        times = {k: runs[k]['seconds'] for k in (1, 2)}
+        devices = {k: runs[k]['devices'] for k in (1, 2)}
+        note = ('one process per device (paddle.DataParallel); the two '
+                'configurations run one after the other, not interleaved')
+    else:
+        need(d2l, 'data_parallel_model' if ops.name == 'pytorch'
+             else 'data_parallel_devices')
+        X, y = ops.first_batch(batch)
+        cases, devices = _concise_cases(ops, s, X, y)
+        times = time_interleaved(cases, s['resnet_reps'], s['resnet_warmup'],
+                                 ops.sync)
+        note = 'one process; 1- and 2-device steps interleaved'
+    t = {k: summarise(times[k], batch * steps) for k in (1, 2)}
+    out = dict(global_batch=batch, steps_per_rep=steps, devices=devices,
+               one=t[1], two=t[2], how=note,
+               **speed_ratio(times[1], times[2],
+                             paired=ops.name != 'paddle'))
+    out['time_per_example_increase'] = 1 / out['ratio'] - 1
+    flops = TRAIN_FLOPS_PER_FORWARD * resnet18_conv_flops()
+    out['train_flops_per_example'] = flops
+    name = gpu_name()
+    if name:
+        # Per device: divide the k-device rate by k.
+        out['peak'] = fraction_of_peak(flops, t[1]['per_s'], name)
+        out['peak_two_per_device'] = fraction_of_peak(
+            flops, t[2]['per_s'] / 2, name)
+    return out
+
+
+def dp_vs_ddp(ops, s):
+    """Seconds per ResNet-18 step with nn.DataParallel (one process) and with
+    DDP (one process per device) at the same global batch, timed by the DDP
+    section's own functions; the calls alternate, one of each per round."""
+    if ops.name != 'pytorch':
+        raise Missing(f'{ops.name} has no single-process DataParallel to '
+                      f'compare with; the DDP comparison is PyTorch only')
+    import os
+    import torch
+    d2l = ops.d2l
+    time_dp, time_ddp = need(d2l, 'time_data_parallel', 'time_ddp')
+    k, batch, steps = 2, s['ddp_batch'], s['ddp_steps']
+    warmup = s['ddp_warmup']
+    threads = torch.get_num_threads()
+    # Same cores for both designs: on a CPU the DDP section gives each of
+    # its k processes 1/k of the cores, so the one DataParallel process
+    # gets all of them. With GPUs the CPU threads only launch kernels.
+    dp_threads = threads if d2l.num_gpus() else (os.cpu_count() or 1)
+
+    def dp():
+        torch.set_num_threads(dp_threads)
+        try:
+            return time_dp(k, batch, steps, warmup)
+        finally:
+            torch.set_num_threads(threads)
+
+    def dp_one_thread():
+        # The same, on one core: on a machine whose cores other processes
+        # also use, a multi-threaded step stalls at every barrier.
+        torch.set_num_threads(1)
+        try:
+            return time_dp(k, batch, steps, warmup)
+        finally:
+            torch.set_num_threads(threads)
+
+    def ddp():
+        return time_ddp(k, batch, steps, warmup)
+
+    cases = [('dp', dp), ('ddp', ddp)]
+    if not d2l.num_gpus() and dp_threads > 1:
+        cases.append(('dp_one_thread', dp_one_thread))
+    seconds = {name: [] for name, _ in cases}
+    for r in range(s['ddp_reps']):
+        for name, fn in (cases if r % 2 == 0 else cases[::-1]):
+            seconds[name].append(fn())
+    out = {name: summarise(ts, batch) for name, ts in seconds.items()}
+    if 'dp_one_thread' in seconds:
+        out['ddp_over_dp_one_thread'] = (
+            out['ddp']['per_s'] / out['dp_one_thread']['per_s'])
+    out.update(global_batch=batch, k=k, steps_per_call=steps,
+               warmup_steps=warmup, dp_name='DataParallel',
+               ddp_name='DDP', dp_threads=dp_threads,
+               ddp_threads_per_process=max(1, (os.cpu_count() or 1) // k)
+               if not d2l.num_gpus() else 'default',
+               on_gpus=d2l.num_gpus() >= k,
+               **speed_ratio(seconds['dp'], seconds['ddp']))
+    return out

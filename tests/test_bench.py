@@ -1,0 +1,136 @@
+"""Tests of the benchmark machinery (bench/): its accounting and a tiny run.
+
+No test here asserts a speed: timings on a shared machine are the benchmark's
+output, not something a test can promise.
+"""
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from bench import harness
+from bench.run import MEASUREMENTS, parse_args
+
+# Which measurements each framework's sections make possible (only PyTorch
+# has both a single-process DataParallel and DDP).
+EXPECTED = {
+    'pytorch': ('scratch_2dev_over_1dev', 'concise_2dev_over_1dev',
+                'ring_over_naive_time', 'ddp_over_dp', 'loader_over_copy'),
+    'mxnet': ('scratch_2dev_over_1dev', 'concise_2dev_over_1dev',
+              'ring_over_naive_time', 'loader_over_copy'),
+    'paddle': ('scratch_2dev_over_1dev', 'concise_2dev_over_1dev',
+               'ring_over_naive_time', 'loader_over_copy'),
+}
+
+
+def test_ring_moves_no_fewer_bytes_than_naive_on_two_devices():
+    n = 100 * harness.MB
+    assert harness.bytes_per_device('ring', 2, n) == \
+        harness.bytes_per_device('naive', 2, n) == dict(sent=n, received=n)
+
+
+@pytest.mark.parametrize('k', [3, 4, 8])
+def test_ring_moves_fewer_bytes_than_naive_beyond_two_devices(k):
+    n = harness.MB
+    ring = harness.bytes_per_device('ring', k, n)['sent']
+    naive = harness.bytes_per_device('naive', k, n)['sent']
+    assert ring == pytest.approx(2 * (k - 1) / k * n)
+    assert naive == (k - 1) * n
+    assert ring < naive
+
+
+def test_unknown_allreduce_algorithm_is_named_in_the_error():
+    with pytest.raises(ValueError, match="'tree'"):
+        harness.bytes_per_device('tree', 2, 1)
+
+
+def test_resnet18_flop_count_matches_a_count_over_the_real_network():
+    torch = pytest.importorskip('torch')
+    from d2l import torch as d2l
+    net = d2l.resnet18(10, 1)
+    macs = []
+
+    def count(layer, inputs, output):
+        if isinstance(layer, torch.nn.Conv2d):
+            k = layer.kernel_size[0] * layer.kernel_size[1]
+            macs.append(output.numel() * layer.in_channels * k)
+        elif isinstance(layer, torch.nn.Linear):
+            macs.append(output.numel() * layer.in_features)
+    for layer in net.modules():
+        layer.register_forward_hook(count)
+    net.eval()
+    net(torch.zeros(1, 1, 28, 28))
+    assert harness.resnet18_conv_flops() == 2 * sum(macs)
+
+
+@pytest.mark.parametrize('name, key', [
+    ('NVIDIA H100 80GB HBM3', 'H100'), ('NVIDIA H100 PCIe', 'H100 PCIe'),
+    ('NVIDIA H200', 'H200'), ('NVIDIA A100-SXM4-80GB', 'A100')])
+def test_peak_table_recognises_device_names(name, key):
+    assert harness.peak_for(name)['key'] == key
+
+
+def test_no_peak_fraction_is_claimed_for_an_unknown_device():
+    out = harness.fraction_of_peak(1e9, 1000, 'Some CPU')
+    assert out['peak'] is None and 'fraction_of_fp32_peak' not in out
+
+
+def test_interleaved_timing_alternates_the_order_of_cases():
+    calls = []
+    harness.time_interleaved({'a': lambda: calls.append('a'),
+                              'b': lambda: calls.append('b')},
+                             reps=2, warmup=1)
+    assert calls == ['a', 'b', 'a', 'b', 'b', 'a']
+
+
+@pytest.mark.parametrize('argv, message', [
+    (['--settings', 'huge'], 'huge'), (['--frameworks', 'jax'], 'jax'),
+    (['--only', 'speed'], 'speed'), (['--threads', '-1'], '-1')])
+def test_bad_arguments_are_rejected_naming_the_choices(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        parse_args(argv)
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_tiny_run_writes_json_with_every_ratio(framework, d2l, tmp_path):
+    """The whole pipeline in one framework: worker process, JSON, table, plot."""
+    proc = subprocess.run(
+        [sys.executable, 'bench/run.py', '--settings', 'tiny',
+         '--frameworks', framework, '--out', str(tmp_path)],
+        cwd=harness_root(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    results = json.loads((tmp_path / 'results.json').read_text())
+    ratios = results['ratios'][framework]
+    for name in EXPECTED[framework]:
+        assert ratios[name] is not None, (
+            f'{name} missing; skipped: '
+            f'{results["frameworks"][framework].get("skipped")}')
+        assert math.isfinite(ratios[name]) and ratios[name] > 0, name
+    assert (tmp_path / 'bench.svg').read_text().lstrip().startswith('<?xml')
+    assert 'ratio' in proc.stdout and framework in proc.stdout
+
+
+def harness_root():
+    import pathlib
+    return pathlib.Path(harness.__file__).resolve().parent.parent
+
+
+def test_every_measurement_has_a_benchmark():
+    from bench import measure
+    assert all(callable(getattr(measure, name, None))
+               for name in MEASUREMENTS)
+
+
+@pytest.mark.parametrize('flag, settings', [('0', 'full'), ('1', 'quick')])
+def test_d2l_quick_chooses_the_settings(flag, settings, monkeypatch):
+    monkeypatch.setenv('D2L_QUICK', flag)
+    assert harness.default_settings_name() == settings
+
+
+def test_a_bad_d2l_quick_value_is_named(monkeypatch):
+    monkeypatch.setenv('D2L_QUICK', 'yes')
+    with pytest.raises(ValueError, match="'yes'"):
+        harness.default_settings_name()
