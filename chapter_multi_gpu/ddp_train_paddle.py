@@ -1,0 +1,33 @@
+"""Train ResNet-18 on Fashion-MNIST with paddle.DataParallel, one process per device.
+
+Start it with PaddlePaddle's launcher from the book's root folder, for example
+
+    python -m paddle.distributed.launch --nproc_per_node 2 chapter_multi_gpu/ddp_train_paddle.py --epochs 10
+
+The launcher sets the PADDLE_* variables that describe the process group in
+every process; see the section on distributed data parallel training for the
+multi-machine command line.
+"""
+import argparse
+import pathlib
+import sys
+
+# The book's own d2l package lives one folder above this script.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+from d2l import paddle as d2l  # noqa: E402
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument('--epochs', type=int, default=10)
+    parser.add_argument('--batch-size', type=int, default=512,
+                        help='global minibatch, shared by all processes')
+    parser.add_argument('--lr', type=float, default=0.2)
+    args = parser.parse_args()
+    summary = d2l.train_ddp(args.epochs, args.batch_size, args.lr)
+    if summary['rank'] == 0:
+        print(d2l.describe_ddp_run(summary), flush=True)
+
+
+if __name__ == '__main__':
+    main()
