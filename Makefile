@@ -8,7 +8,7 @@ export PATH := $(BIN):$(PATH)
 D2LBOOK := $(BIN)/python scripts/d2lbook
 TABS := pytorch mxnet paddle
 
-.PHONY: help setup lib eval html pdf book test test-unit test-notebooks clean
+.PHONY: help setup lib eval html pdf book test test-unit test-notebooks test-browser test-pdf bench clean
 
 help:  ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
@@ -22,24 +22,34 @@ lib: setup  ## Regenerate d2l/{torch,mxnet,paddle}.py from the #@save cells
 eval: setup  ## Evaluate every tab of every section (quick mode without a GPU)
 	scripts/eval-tabs.sh _build
 
-html: eval  ## Render the HTML book with tab bars into _build/html
-	rm -rf _build/eval_all _build/rst_all
-	$(D2LBOOK) build html --tab all
+html: eval  ## Render the HTML book with tab bars into _build/html (works offline)
+	scripts/build-html.sh
 
-pdf: eval  ## Render the book as PDF into _build/pdf
+pdf: eval  ## Render the book as PDF, one per framework, into _build/pdf*
 	WITH_PDF=1 scripts/setup.sh
-	$(D2LBOOK) build pdf
+	scripts/build-pdf.sh
 
 book: lib html  ## Set up, build the library, evaluate every tab and render the HTML
 	@echo "The book is ready: open file://$(CURDIR)/_build/html/index.html"
 
 test: setup test-unit test-notebooks  ## Unit tests, then every notebook in quick mode with nbval
 
-test-unit: setup  ## The pytest suite under tests/
-	$(BIN)/python -m pytest -q tests
+test-unit: setup  ## The pytest suite under tests/ (except the browser and PDF checks)
+	$(BIN)/python -m pytest -q -m "not browser and not pdf" tests
+
+test-browser: setup  ## Open every page of the built HTML in headless Chromium (BOOK_HTML_DIR)
+	WITH_BROWSER=1 scripts/setup.sh
+	$(BIN)/python -m pytest -q tests/test_rendered_book.py
+
+test-pdf: setup  ## Check the built PDF: chapters, code, figures, equations, bibliography
+	WITH_PDF=1 scripts/setup.sh
+	$(BIN)/python -m pytest -q tests/test_pdf.py
 
 test-notebooks: setup  ## Evaluate every tab in quick mode in a scratch copy, then nbval (lax)
 	scripts/test-notebooks.sh
+
+bench: setup  ## Benchmark the book's training code into _build/bench (BENCH_ARGS=--full on a GPU machine)
+	$(BIN)/python bench/run.py $(BENCH_ARGS)
 
 clean:  ## Remove generated output (keeps .venv)
 	rm -rf _build

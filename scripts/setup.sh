@@ -7,9 +7,12 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 DEB_PACKAGES="pandoc dataset-fashion-mnist"
 if [ "${WITH_PDF:-0}" = 1 ]; then
-  DEB_PACKAGES="$DEB_PACKAGES texlive-xetex texlive-latex-extra latexmk librsvg2-bin fonts-freefont-otf texlive-fonts-recommended tex-gyre xindy"
+  # TeX for `d2lbook build pdf`; poppler-utils for tests/test_pdf.py.
+  DEB_PACKAGES="$DEB_PACKAGES texlive-xetex texlive-latex-extra latexmk librsvg2-bin fonts-freefont-otf texlive-fonts-recommended tex-gyre xindy poppler-utils"
 fi
 if [ "${WITH_BROWSER:-0}" = 1 ]; then
+  # The browser tests (tests/test_rendered_book.py) drive Debian's Chromium
+  # through Playwright (requirements.txt), which downloads no browser of its own.
   DEB_PACKAGES="$DEB_PACKAGES chromium"
 fi
 

@@ -1,0 +1,378 @@
+"""The HTML book as a reader meets it: every page opened from disk in headless
+Chromium, with the network cut off.
+
+The pages come from BOOK_HTML_DIR (default: _build/html, the output of
+`make html`); screenshots go to _build/screenshots/. The browser is Debian's
+`chromium` (WITH_BROWSER=1 scripts/setup.sh installs it), driven by Playwright;
+CHROMIUM names another binary. Pages are derived from the book's markdown
+sources, so a section added to chapter_multi_gpu/ is covered without editing
+this file.
+"""
+import json
+import os
+import pathlib
+import re
+import shutil
+import tempfile
+import zipfile
+from html.parser import HTMLParser
+from urllib.parse import unquote, urlparse
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+HTML_DIR = pathlib.Path(os.environ.get('BOOK_HTML_DIR', ROOT / '_build' / 'html')).resolve()
+SCREENSHOTS = ROOT / '_build' / 'screenshots'
+CHROMIUM = os.environ.get('CHROMIUM', '/usr/bin/chromium')
+CHAPTER = 'chapter_multi_gpu'
+FRAMEWORKS = ('pytorch', 'mxnet', 'paddle')
+# Schemes a page may use without touching the network or another file tree.
+LOCAL_SCHEMES = ('data', 'blob', 'about')
+
+pytestmark = pytest.mark.browser
+
+
+def book_pages():
+    """Every page of the book, as paths relative to the HTML root, from the sources."""
+    pages = ['index.html']
+    for md in sorted(ROOT.glob('chapter_*/*.md')):
+        pages.append(md.relative_to(ROOT).with_suffix('.html').as_posix())
+    return pages
+
+
+def section_pages():
+    """The chapter's section pages: every page that should carry code in three frameworks."""
+    return [p for p in book_pages()
+            if p.startswith(CHAPTER + '/') and not p.endswith('/index.html')]
+
+
+@pytest.fixture(scope='module')
+def html_dir():
+    if not (HTML_DIR / 'index.html').exists():
+        pytest.fail(f'No built HTML book at {HTML_DIR} (BOOK_HTML_DIR). Build it '
+                    f'with `make html`, or scripts/build-html.sh BOOK_ROOT and '
+                    f'BOOK_HTML_DIR=BOOK_ROOT/_build/html.')
+    return HTML_DIR
+
+
+@pytest.fixture(scope='module')
+def browser(html_dir):
+    try:
+        from playwright import sync_api
+    except ImportError:
+        pytest.fail('Playwright is missing from the environment: run `make setup` '
+                    '(requirements.txt pins it)')
+    if not (shutil.which(CHROMIUM) or pathlib.Path(CHROMIUM).exists()):
+        pytest.fail(f'No Chromium at {CHROMIUM}: run `WITH_BROWSER=1 scripts/setup.sh` '
+                    '(Debian package chromium) or set CHROMIUM to a Chromium binary.')
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=shutil.which(CHROMIUM) or CHROMIUM,
+            args=['--no-sandbox', '--disable-gpu', '--disable-background-networking',
+                  '--disable-component-update', '--disable-sync', '--no-first-run',
+                  # Nothing resolves: a request to a host fails instead of leaving.
+                  '--host-resolver-rules=MAP * ~NOTFOUND'])
+        yield browser
+        browser.close()
+
+
+class Visit:
+    """One page in its own browser context, with everything it did recorded."""
+
+    def __init__(self, browser, html_dir, page_path, context=None):
+        self.html_dir = html_dir
+        path, _, query = page_path.partition('?')
+        self.url = (html_dir / path).as_uri() + (f'?{query}' if query else '')
+        self.name = path.replace('/', '-').removesuffix('.html')
+        self.own_context = context is None
+        self.context = context or browser.new_context(viewport={'width': 1280, 'height': 900})
+        self.requests, self.failed, self.errors = [], [], []
+        # Requests for other hosts are recorded and aborted; file:// is not
+        # routed, so it is checked from the request log below.
+        self.context.route(re.compile(r'^(https?|wss?|ftp)://'), lambda route: route.abort())
+        self.page = self.context.new_page()
+        self.page.on('request', lambda r: self.requests.append(r.url))
+        self.page.on('requestfailed', lambda r: self.failed.append(f'{r.url} ({r.failure})'))
+        self.page.on('websocket', lambda ws: self.requests.append(ws.url))
+        self.page.on('console', self._console)
+        self.page.on('pageerror', lambda e: self.errors.append(f'uncaught: {e}'))
+        self.page.goto(self.url, wait_until='load')
+        self.page.evaluate('document.fonts.ready.then(() => true)')
+        # MathJax loads deferred and typesets asynchronously.
+        self.page.evaluate('''() => window.MathJax && MathJax.startup && MathJax.startup.promise
+                                ? MathJax.startup.promise.then(() => true) : true''')
+
+    def _console(self, message):
+        if message.type == 'error':
+            self.errors.append(f'console: {message.text} at {message.location.get("url")}')
+
+    def foreign_requests(self):
+        """Requests for anything but this book's own files."""
+        root = self.html_dir.as_uri().rstrip('/') + '/'
+        foreign = []
+        for url in self.requests:
+            scheme = urlparse(url).scheme
+            if scheme == 'file' and unquote(url).startswith(unquote(root)):
+                continue
+            if scheme in LOCAL_SCHEMES:
+                continue
+            foreign.append(url)
+        return foreign
+
+    def screenshot(self, suffix=''):
+        self.page.screenshot(path=str(SCREENSHOTS / f'{self.name}{suffix}.png'))
+
+    def close(self):
+        if self.own_context:
+            self.context.close()
+
+
+@pytest.fixture(scope='module')
+def rendered(browser, html_dir):
+    """One visit per page, shared by the checks that only read the page."""
+    visits = {}
+
+    def get(page_path):
+        if page_path not in visits:
+            if not (html_dir / page_path).exists():
+                pytest.fail(f'{page_path} is missing from {html_dir}: the build dropped a page')
+            visits[page_path] = Visit(browser, html_dir, page_path)
+            visits[page_path].screenshot()
+        return visits[page_path]
+
+    yield get
+    for v in visits.values():
+        v.close()
+
+
+@pytest.fixture
+def visit(browser, html_dir):
+    opened = []
+
+    def open_page(page_path, context=None):
+        if not (html_dir / page_path.partition('?')[0]).exists():
+            pytest.fail(f'{page_path} is missing from {html_dir}: the build dropped a page')
+        opened.append(Visit(browser, html_dir, page_path, context))
+        return opened[-1]
+
+    yield open_page
+    for v in opened:
+        v.close()
+
+
+@pytest.mark.parametrize('page_path', book_pages() + ['search.html', 'genindex.html'])
+def test_page_renders_offline_from_its_own_files(rendered, page_path):
+    """No request leaves the book's folder, nothing fails to load, no script errors."""
+    v = rendered(page_path)
+    assert v.foreign_requests() == [], f'{page_path} requested other hosts or files'
+    assert v.failed == [], f'{page_path} failed to load'
+    assert v.errors == [], f'{page_path} logged errors'
+
+
+@pytest.mark.parametrize('page_path', book_pages())
+def test_every_image_loads(rendered, page_path):
+    v = rendered(page_path)
+    images = v.page.evaluate('''() => Array.from(document.images).map(
+        img => ({src: img.currentSrc || img.src, complete: img.complete, width: img.naturalWidth}))''')
+    broken = [img['src'] for img in images if not img['complete'] or img['width'] == 0]
+    assert broken == [], f'images that did not load on {page_path}'
+
+
+@pytest.mark.parametrize('page_path', book_pages())
+def test_math_is_typeset(rendered, page_path):
+    v = rendered(page_path)
+    math = v.page.evaluate('''() => {
+        const nodes = Array.from(document.querySelectorAll('span.math, div.math'));
+        const text = Array.from(document.querySelectorAll(
+            '.page-content p, .page-content li, .page-content td, .page-content figcaption, '
+            + '.page-content h1, .page-content h2, .page-content h3'))
+            .filter(el => !el.closest('pre, code, .highlight'))
+            .map(el => el.textContent).join('\\n');
+        return {
+            total: nodes.length,
+            untypeset: nodes.filter(n => !n.querySelector('mjx-container'))
+                            .map(n => n.textContent.slice(0, 80)),
+            typeset: document.querySelectorAll('mjx-container').length,
+            raw: (text.match(/\\$\\$|\\\\\\(|\\\\\\[/g) || []).length,
+        };
+    }''')
+    source = (ROOT / page_path).with_suffix('.md')
+    if source.exists() and '$' in re.sub(r'```.*?```', '', source.read_text(), flags=re.S):
+        assert math['total'] > 0, f'{source.name} has math, but {page_path} has none'
+    assert math['untypeset'] == [], f'math left untypeset on {page_path}'
+    assert math['typeset'] >= math['total']
+    assert math['raw'] == 0, f'raw TeX delimiters in the text of {page_path}'
+
+
+@pytest.mark.parametrize('page_path', book_pages())
+def test_cross_references_and_citations_resolve(rendered, page_path):
+    v = rendered(page_path)
+    found = v.page.evaluate('''() => ({
+        unresolved: (document.querySelector('.page-content').innerText.match(/\\?\\?\\?/g) || []).length,
+        problems: Array.from(document.querySelectorAll('.problematic, .system-message'))
+                       .map(el => el.textContent.slice(0, 80)),
+        numrefs: document.querySelectorAll('.page-content a.reference.internal span.std-numref').length,
+    })''')
+    assert found['unresolved'] == 0, f'"???" (an unresolved reference) on {page_path}'
+    assert found['problems'] == [], f'Sphinx error markup on {page_path}'
+    source = (ROOT / page_path).with_suffix('.md')
+    if source.exists():
+        text = source.read_text()
+        if ':numref:' in text:
+            assert found['numrefs'] > 0, f':numref: in {source.name} rendered no link'
+        if ':cite:' in text:
+            cites = v.page.evaluate('''() => Array.from(document.querySelectorAll(
+                '.page-content a.reference.internal[href*="zreferences.html#"]')).length''')
+            assert cites > 0, f':cite: in {source.name} rendered no link to the bibliography'
+
+
+def visible_panels(page):
+    """For each tab group: its tab names, the active tab, and the ids of visible panels."""
+    return page.evaluate('''() => Array.from(document.querySelectorAll('.mdl-tabs')).map(group => {
+        const bar = group.querySelector(':scope > .mdl-tabs__tab-bar');
+        const links = Array.from(bar.querySelectorAll('.mdl-tabs__tab'));
+        const panels = Array.from(group.querySelectorAll(':scope > .mdl-tabs__panel'));
+        return {
+            tabs: links.map(a => a.textContent.trim()),
+            active: links.filter(a => a.classList.contains('is-active')).map(a => a.textContent.trim()),
+            visible: panels.filter(p => p.offsetParent !== null || p.getClientRects().length > 0)
+                           .map(p => p.id),
+            text: panels.filter(p => p.getClientRects().length > 0).map(p => p.innerText).join('\\n'),
+        };
+    })''')
+
+
+@pytest.mark.parametrize('page_path', section_pages())
+def test_tab_bar_switches_the_visible_code_between_frameworks(visit, page_path):
+    v = visit(page_path)
+    groups = visible_panels(v.page)
+    assert groups, f'{page_path} has no tab bar: every section shows its code in three frameworks'
+    named = sorted({t for g in groups for t in g['tabs']})
+    assert set(FRAMEWORKS) <= set(named), f'{page_path} has tabs for {named} only'
+    shown = {}
+    for framework in FRAMEWORKS:
+        link = v.page.locator('.mdl-tabs__tab-bar .mdl-tabs__tab', has_text=framework).first
+        link.scroll_into_view_if_needed()
+        link.click()
+        v.page.wait_for_timeout(100)
+        groups = visible_panels(v.page)
+        for i, group in enumerate(groups):
+            if framework in group['tabs']:
+                assert group['active'] == [framework], (
+                    f'tab group {i} on {page_path} marks {group["active"]} active after '
+                    f'choosing {framework}')
+                assert len(group['visible']) == 1 and group['visible'][0].startswith(
+                    framework + '-'), (f'tab group {i} on {page_path} shows panels '
+                                       f'{group["visible"]} after choosing {framework}')
+            else:
+                assert group['visible'] == [], (
+                    f'tab group {i} on {page_path} has no {framework} code but shows '
+                    f'{group["visible"]}')
+        shown[framework] = '\n'.join(g['text'] for g in groups)
+        v.screenshot(f'-{framework}')
+    assert len(set(shown.values())) == len(FRAMEWORKS), (
+        f'switching tabs on {page_path} did not change the visible code')
+    assert v.errors == [], f'switching tabs on {page_path} logged errors'
+
+
+def test_framework_choice_carries_over_to_the_next_page(browser, html_dir, visit):
+    pages = [p for p in section_pages() if (html_dir / p).exists()]
+    if len(pages) < 2:
+        pytest.skip('needs two section pages')
+    first = visit(pages[0])
+    first.page.locator('.mdl-tabs__tab-bar .mdl-tabs__tab', has_text='paddle').first.click()
+    second = visit(pages[1], context=first.context)
+    groups = [g for g in visible_panels(second.page) if 'paddle' in g['tabs']]
+    assert groups, f'{pages[1]} has no paddle tab'
+    assert all(g['active'] == ['paddle'] for g in groups), (
+        f'{pages[1]} did not open on the framework chosen on {pages[0]}')
+
+
+def test_search_finds_the_sections_offline(visit):
+    """The search page works from disk: it lists hits and logs no error."""
+    title = next(line[2:] for line in (ROOT / section_pages()[0]).with_suffix('.md')
+                 .read_text().splitlines() if line.startswith('# '))
+    word = max(re.findall(r'[A-Za-z]+', title), key=len)
+    v = visit(f'search.html?q={word}')
+    # Sphinx's search stops its progress dots (_pulse_status -1) when done.
+    v.page.wait_for_function(
+        "typeof Search !== 'undefined' && Search._pulse_status === -1", timeout=10000)
+    hits = v.page.locator('#search-results li a').count()
+    v.screenshot()
+    assert hits > 0, f'searching for {word!r} found nothing'
+    assert v.foreign_requests() == [] and v.failed == [] and v.errors == [], (
+        v.foreign_requests() + v.failed + v.errors)
+
+
+class _Links(HTMLParser):
+    """Collects ids and the local targets of href/src attributes of a page."""
+
+    def __init__(self):
+        super().__init__()
+        self.ids, self.targets = set(), []
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if 'id' in attrs:
+            self.ids.add(attrs['id'])
+        if tag == 'a' and 'name' in attrs:
+            self.ids.add(attrs['name'])
+        for key in ('href', 'src'):
+            value = (attrs.get(key) or '').strip()  # as browsers do: mxtheme adds a space
+            if value and not urlparse(value).scheme and not value.startswith('//'):
+                if 'hidden' not in attrs:
+                    self.targets.append(value)
+
+
+def test_every_local_link_and_anchor_resolves(html_dir):
+    """Cross-references, citations, downloads and assets point at files and ids that exist."""
+    parsed = {}
+
+    def page(path):
+        if path not in parsed:
+            parser = _Links()
+            parser.feed(path.read_text(errors='replace'))
+            parsed[path] = parser
+        return parsed[path]
+
+    broken = []
+    for path in sorted(html_dir.rglob('*.html')):
+        if {'_static', '_sources', '_images'} & set(path.relative_to(html_dir).parts):
+            continue
+        for target in page(path).targets:
+            file_part, _, fragment = target.partition('#')
+            file_part = unquote(file_part.split('?')[0])
+            dest = (path.parent / file_part).resolve() if file_part else path
+            if not dest.exists():
+                broken.append(f'{path.relative_to(html_dir)}: {target} (no such file)')
+            elif fragment and dest.suffix == '.html' and unquote(fragment) not in page(dest).ids:
+                broken.append(f'{path.relative_to(html_dir)}: {target} (no such anchor)')
+    assert broken == []
+
+
+def test_notebook_downloads_hold_each_frameworks_notebooks(html_dir):
+    """The header links every framework's zip, and each zip runs on its own."""
+    index = (html_dir / 'index.html').read_text()
+    link = re.search(r'href="([\w.-]+)-pytorch\.zip"', index)
+    assert link, 'index.html has no link to the PyTorch notebooks zip'
+    name = link[1]
+    sources = [p.relative_to(ROOT).with_suffix('.ipynb').as_posix()
+               for p in sorted(ROOT.glob('chapter_*/*.md'))]
+    modules = {'pytorch': 'torch', 'mxnet': 'mxnet', 'paddle': 'paddle'}
+    for framework in FRAMEWORKS:
+        archive = html_dir / f'{name}-{framework}.zip'
+        assert f'href="{archive.name}"' in index, f'index.html does not link {archive.name}'
+        with zipfile.ZipFile(archive) as z:
+            names = set(z.namelist())
+            folder = f'{name}-{framework}/'
+            for nb in sources:
+                assert folder + nb in names, f'{archive.name} lacks {nb}'
+            assert folder + f'd2l/{modules[framework]}.py' in names
+            assert folder + 'pyproject.toml' in names
+            with tempfile.TemporaryDirectory() as tmp:
+                z.extractall(tmp)
+                for nb in sources:
+                    cells = json.loads((pathlib.Path(tmp) / folder / nb).read_text())['cells']
+                    outputs = [c for c in cells if c.get('outputs')]
+                    assert outputs == [], f'{nb} in {archive.name} still has outputs'
