@@ -433,3 +433,13 @@ def test_downloads_go_to_the_local_data_folder_without_d2l_data_dir(
     mirror.body = gzip.compress(contents[1])
     assert read_value(d2l) == 1
     assert (dirs[1] / f'{LABELS}.gz').is_file()
+
+
+def test_quick_mode_caps_training_at_two_epochs(d2l, quick):
+    assert d2l.train_epochs(10) == d2l.QUICK_MAX_EPOCHS == 2
+    assert d2l.train_epochs(1) == 1
+
+
+def test_full_mode_trains_the_epochs_asked_for(d2l, monkeypatch):
+    monkeypatch.setenv('D2L_QUICK', '0')
+    assert d2l.train_epochs(10) == 10
