@@ -8,7 +8,7 @@ export PATH := $(BIN):$(PATH)
 D2LBOOK := $(BIN)/python scripts/d2lbook
 TABS := pytorch mxnet paddle
 
-.PHONY: help setup lib eval html pdf book test test-unit test-notebooks test-browser test-pdf bench clean
+.PHONY: help setup lib eval html pdf book test test-unit test-notebooks test-browser test-pdf test-rendered bench clean
 
 help:  ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
@@ -32,7 +32,7 @@ pdf: eval  ## Render the book as PDF, one per framework, into _build/pdf*
 book: lib html  ## Set up, build the library, evaluate every tab and render the HTML
 	@echo "The book is ready: open file://$(CURDIR)/_build/html/index.html"
 
-test: setup test-unit test-notebooks  ## Unit tests, then every notebook in quick mode with nbval
+test: setup test-unit test-notebooks test-rendered  ## Unit tests; every notebook in quick mode under nbval; the rendered HTML and PDF
 
 test-unit: setup  ## The pytest suite under tests/ (except the browser and PDF checks)
 	$(BIN)/python -m pytest -q -m "not browser and not pdf" tests
@@ -47,6 +47,9 @@ test-pdf: setup  ## Check the built PDF: chapters, code, figures, equations, bib
 
 test-notebooks: setup  ## Evaluate every tab in quick mode in a scratch copy, then nbval (lax)
 	scripts/test-notebooks.sh
+
+test-rendered: setup  ## Render that scratch copy to HTML and PDF; browser and PDF tests
+	scripts/test-rendered.sh
 
 bench: setup  ## Benchmark the book's training code into _build/bench (BENCH_ARGS=--full on a GPU machine)
 	$(BIN)/python bench/run.py $(BENCH_ARGS)

@@ -287,7 +287,9 @@ def read_idx_file(name):
                   for i in range(ndim))
     return np.frombuffer(data, np.uint8, offset=4 + 4 * ndim).reshape(shape)
 
-QUICK_PER_CLASS = {'train': 30, 'test': 20}
+QUICK_PER_CLASS = {'train': 10, 'test': 10}
+
+QUICK_MAX_EPOCHS = 2
 
 def quick_mode(gpus_found):
     """Whether to serve the small subset: D2L_QUICK if set, else when there is no GPU.
@@ -298,6 +300,13 @@ def quick_mode(gpus_found):
         raise ValueError(f'D2L_QUICK must be 0 (full data) or 1 (quick '
                          f'subset), got {flag!r}')
     return gpus_found == 0 if flag == '' else flag == '1'
+
+def train_epochs(num_epochs):
+    """`num_epochs` in full mode; at most QUICK_MAX_EPOCHS in quick mode.
+
+    Defined in :numref:`sec_helpers`"""
+    return num_epochs if not quick_mode(num_gpus()) else min(
+        num_epochs, QUICK_MAX_EPOCHS)
 
 def balanced_subset(labels, per_class):
     """Indices of the first `per_class` examples of each class, in file order.
@@ -405,3 +414,253 @@ class Residual(nn.Block):
         if self.shortcut is not None:
             X = self.shortcut(X)
         return mx.nd.relu(Y + X)
+
+LENET_SHAPES = [  # weights are (outputs, inputs[, height, width]); biases follow
+    (6, 1, 5, 5), (6,),      # convolution: 1 -> 6 channels, 5 x 5 kernels
+    (16, 6, 5, 5), (16,),    # convolution: 6 -> 16 channels, 5 x 5 kernels
+    (120, 400), (120,),      # dense: 16 x 5 x 5 = 400 inputs -> 120 units
+    (84, 120), (84,),        # dense: 120 -> 84 units
+    (10, 84), (10,)]         # dense: 84 -> 10 class scores
+
+def lenet_init_arrays(seed=0):
+    """LeNet's initial values as NumPy arrays: He-scaled normal weights, zero biases.
+
+    Defined in :numref:`sec_multi_gpu`"""
+    rng = np.random.default_rng(seed)
+    arrays = []
+    for shape in LENET_SHAPES:
+        if len(shape) == 1:
+            arrays.append(np.zeros(shape, np.float32))
+        else:
+            fan_in = int(np.prod(shape[1:]))
+            weights = rng.standard_normal(shape) * np.sqrt(2 / fan_in)
+            arrays.append(weights.astype(np.float32))
+    return arrays
+
+def lenet_params(seed=0):
+    """LeNet's initial parameters as a list of CPU arrays (same values in every framework).
+
+    Defined in :numref:`sec_multi_gpu`"""
+    return [mx.nd.array(a, ctx=mx.cpu()) for a in lenet_init_arrays(seed)]
+
+def lenet(X, params):
+    """LeNet-style convnet on raw parameters: two conv/pool stages, three dense layers.
+
+    Defined in :numref:`sec_multi_gpu`"""
+    W1, b1, W2, b2, W3, b3, W4, b4, W5, b5 = params
+    H = mx.nd.Convolution(data=X, weight=W1, bias=b1, kernel=(5, 5),
+                          pad=(2, 2), num_filter=W1.shape[0])
+    H = mx.nd.Pooling(mx.nd.relu(H), kernel=(2, 2), stride=(2, 2),
+                      pool_type='max')                           # 6 x 14 x 14
+    H = mx.nd.Convolution(data=H, weight=W2, bias=b2, kernel=(5, 5),
+                          num_filter=W2.shape[0])
+    H = mx.nd.Pooling(mx.nd.relu(H), kernel=(2, 2), stride=(2, 2),
+                      pool_type='max')                           # 16 x 5 x 5
+    H = H.reshape((H.shape[0], -1))
+    H = mx.nd.relu(mx.nd.dot(H, W3, transpose_b=True) + b3)
+    H = mx.nd.relu(mx.nd.dot(H, W4, transpose_b=True) + b4)
+    return mx.nd.dot(H, W5, transpose_b=True) + b5
+
+def cross_entropy_sum(y_hat, y):
+    """Cross-entropy of class scores `y_hat` against integer labels, summed over examples.
+
+    Defined in :numref:`sec_multi_gpu`"""
+    log_probs = mx.nd.log_softmax(y_hat, axis=1)
+    return -mx.nd.pick(log_probs, y, axis=1).sum()
+
+def get_params(params, device):
+    """Copy `params` to `device` as new arrays that record their gradients.
+
+    Defined in :numref:`sec_multi_gpu`"""
+    copies = [p.copyto(device) for p in params]  # always a fresh array
+    for p in copies:
+        p.attach_grad()
+    return copies
+
+def allreduce(data):
+    """Sum same-shaped arrays held on different devices, writing the sum into each.
+
+    Defined in :numref:`sec_multi_gpu`"""
+    first, rest = data[0], data[1:]
+    for x in rest:  # reduce: add every array into the first one
+        first[:] += x.as_in_context(first.context)
+    for x in rest:  # broadcast: copy the sum into every other array
+        x[:] = first.as_in_context(x.context)
+
+def shard_sizes(n, k):
+    """Sizes of `k` nearly equal parts of `n` items; the first `n % k` get one more.
+
+    Defined in :numref:`sec_multi_gpu`"""
+    return [n // k + (1 if i < n % k else 0) for i in range(k)]
+
+def check_split(num_examples, num_labels, num_devices):
+    """Raise ValueError, saying what to change, if a batch cannot be split over the devices.
+
+    Defined in :numref:`sec_multi_gpu`"""
+    if num_examples != num_labels:
+        raise ValueError(f'X holds {num_examples} examples but y holds '
+                         f'{num_labels} labels; pass one label per example')
+    if num_devices < 1:
+        raise ValueError('devices is empty; pass at least one device, e.g. '
+                         '[d2l.try_gpu()]')
+    if num_examples < num_devices:
+        raise ValueError(f'cannot split {num_examples} examples over '
+                         f'{num_devices} devices, each needs at least one; '
+                         f'use a batch of at least {num_devices} examples '
+                         f'or fewer devices')
+
+def split_batch(X, y, devices):
+    """Split examples `X` and labels `y` into one shard per device, placed there.
+
+    Defined in :numref:`sec_multi_gpu`"""
+    check_split(X.shape[0], y.shape[0], len(devices))
+    X_shards, y_shards, start = [], [], 0
+    for size, device in zip(shard_sizes(X.shape[0], len(devices)), devices):
+        X_shards.append(X[start:start + size].as_in_context(device))
+        y_shards.append(y[start:start + size].as_in_context(device))
+        start += size
+    return X_shards, y_shards
+
+def train_batch(X, y, device_params, devices, lr, allreduce_fn=allreduce):
+    """One data-parallel SGD step of LeNet: split, backward per device, sum, update.
+
+    Defined in :numref:`sec_multi_gpu`"""
+    X_shards, y_shards = split_batch(X, y, devices)
+    with autograd.record():
+        losses = [cross_entropy_sum(lenet(X_s, W), y_s)
+                  for X_s, y_s, W in zip(X_shards, y_shards, device_params)]
+    for loss in losses:  # each device's backward pass fills its own .grad
+        loss.backward()
+    for i in range(len(device_params[0])):
+        allreduce_fn([W[i].grad for W in device_params])
+    for W in device_params:  # equal gradients keep the replicas equal
+        d2l.sgd(W, lr, X.shape[0])
+
+def evaluate_accuracy_replicas(device_params, data_iter, devices):
+    """LeNet's accuracy on `data_iter`, each minibatch split over the replicas' devices.
+
+    Defined in :numref:`sec_multi_gpu`"""
+    counts = d2l.Accumulator(2)  # correct predictions, examples
+    for X, y in data_iter:
+        used = devices[:min(len(devices), X.shape[0])]  # short last batch
+        X_shards, y_shards = split_batch(X, y, used)
+        # Launch every device's forward pass before reading any result.
+        y_hats = [lenet(X_s, W) for X_s, W in zip(X_shards, device_params)]
+        for y_hat, y_s in zip(y_hats, y_shards):
+            counts.add(d2l.accuracy(y_hat, y_s), y_s.shape[0])
+    return counts[0] / counts[1]
+
+def ring_allreduce(data):
+    """Sum same-shaped arrays on k devices by ring reduce-scatter and all-gather, in place.
+
+    Defined in :numref:`sec_multi_gpu`"""
+    k = len(data)
+    bounds = np.cumsum([0] + shard_sizes(data[0].size, k)).tolist()
+    # chunks[i][c] is a view of chunk c of the array on device i.
+    chunks = [[x.reshape(-1)[bounds[c]:bounds[c + 1]] for c in range(k)]
+              for x in data]
+    for step in range(k - 1):  # reduce-scatter: add what arrives
+        for i in range(k):
+            c, j = (i - step) % k, (i + 1) % k
+            if bounds[c] < bounds[c + 1]:  # MXNet cannot add empty arrays
+                chunks[j][c][:] += chunks[i][c].as_in_context(data[j].context)
+    # Device i now holds the complete sum of chunk (i + 1) % k.
+    for step in range(k - 1):  # all-gather: overwrite with what arrives
+        for i in range(k):
+            c, j = (i + 1 - step) % k, (i + 1) % k
+            if bounds[c] < bounds[c + 1]:
+                chunks[j][c][:] = chunks[i][c].as_in_context(data[j].context)
+
+def check_resnet_args(num_classes, in_channels):
+    """Reject a class or channel count that is not a positive integer, saying which.
+
+    Defined in :numref:`sec_multi_gpu_concise`"""
+    for name, value in (('num_classes', num_classes),
+                        ('in_channels', in_channels)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(
+                f'{name} must be a positive integer, got {value!r}')
+
+def resnet18(num_classes, in_channels=1):
+    """ResNet-18 for small images: 3x3 stem, no max-pooling, four stages of two residual blocks.
+
+    Defined in :numref:`sec_multi_gpu_concise`"""
+    d2l.check_resnet_args(num_classes, in_channels)
+    net = nn.Sequential()
+    # Stem for small images: one 3x3 convolution of stride 1, and no pooling.
+    net.add(nn.Conv2D(64, kernel_size=3, padding=1, in_channels=in_channels),
+            nn.BatchNorm(in_channels=64), nn.Activation('relu'))
+    for in_c, out_c, downsample in [(64, 64, False), (64, 128, True),
+                                    (128, 256, True), (256, 512, True)]:
+        # A stage's first block halves the resolution, widens the channels.
+        net.add(d2l.Residual(in_c, out_c, use_1x1conv=downsample,
+                             stride=2 if downsample else 1),
+                d2l.Residual(out_c, out_c))
+    net.add(nn.GlobalAvgPool2D(), nn.Dense(num_classes, in_units=512))
+    return net
+
+def count_trainable_params(net):
+    """Number of values in `net` that receive gradients (batch-norm statistics excluded).
+
+    Defined in :numref:`sec_multi_gpu_concise`"""
+    return sum(p.data().size for p in net.collect_params().values()
+               if p.grad_req != 'null')
+
+def check_num_gpus(num_gpus):
+    """Reject a device count that is not a positive integer, saying what was passed.
+
+    Defined in :numref:`sec_multi_gpu_concise`"""
+    if isinstance(num_gpus, bool) or not isinstance(num_gpus, int) or \
+            num_gpus < 1:
+        raise ValueError(
+            f'num_gpus must be a positive integer, got {num_gpus!r}')
+
+def data_parallel_devices(num_gpus):
+    """Up to `num_gpus` of the GPUs present, or `num_gpus` distinct CPU contexts without GPUs.
+
+    Defined in :numref:`sec_multi_gpu_concise`"""
+    d2l.check_num_gpus(num_gpus)
+    if d2l.num_gpus() == 0:
+        return [mx.cpu(i) for i in range(num_gpus)]
+    return [mx.gpu(i) for i in range(min(num_gpus, d2l.num_gpus()))]
+
+def evaluate_accuracy_gpus(net, data_iter, split_f=d2l.split_batch,
+                           devices=None):
+    """Fraction of `data_iter` that `net` classifies correctly, each batch split over the devices.
+
+    Defined in :numref:`sec_multi_gpu_concise`"""
+    if devices is None:  # every context that holds a copy of the parameters
+        devices = list(net.collect_params().values())[0].list_ctx()
+    counts = d2l.Accumulator(2)  # correct predictions, examples
+    for X, y in data_iter:
+        k = min(len(devices), X.shape[0])
+        X_shards, y_shards = split_f(X, y, devices[:k])
+        y_hats = [net(X_s) for X_s in X_shards]  # each uses its context's copy
+        for y_hat, y_s in zip(y_hats, y_shards):
+            counts.add(d2l.accuracy(y_hat, y_s), y_s.size)
+    return counts[0] / counts[1]
+
+def train_step_concise(net, X, y, loss, trainer, devices,
+                       split_f=d2l.split_batch):
+    """One data-parallel SGD step on minibatch (X, y) over `devices`; returns the summed loss.
+
+    Defined in :numref:`sec_multi_gpu_concise`"""
+    X_shards, y_shards = split_f(X, y, devices)
+    with autograd.record():
+        losses = [loss(net(X_s), y_s) for X_s, y_s in zip(X_shards, y_shards)]
+    for l in losses:
+        l.backward()
+    trainer.step(X.shape[0])  # sums over the contexts, then updates every copy
+    return sum(l.sum().as_in_context(devices[0]) for l in losses)
+
+def train_epoch_concise(net, train_iter, loss, trainer, devices,
+                        split_f=d2l.split_batch):
+    """One pass of data-parallel training over `train_iter`; returns (summed loss, examples).
+
+    Defined in :numref:`sec_multi_gpu_concise`"""
+    total, n = mx.nd.zeros(1, ctx=devices[0]), 0
+    for X, y in train_iter:
+        total += d2l.train_step_concise(net, X, y, loss, trainer, devices,
+                                        split_f)
+        n += X.shape[0]
+    return float(total.asscalar()), n

@@ -292,7 +292,9 @@ def read_idx_file(name):
                   for i in range(ndim))
     return np.frombuffer(data, np.uint8, offset=4 + 4 * ndim).reshape(shape)
 
-QUICK_PER_CLASS = {'train': 30, 'test': 20}
+QUICK_PER_CLASS = {'train': 10, 'test': 10}
+
+QUICK_MAX_EPOCHS = 2
 
 def quick_mode(gpus_found):
     """Whether to serve the small subset: D2L_QUICK if set, else when there is no GPU.
@@ -303,6 +305,13 @@ def quick_mode(gpus_found):
         raise ValueError(f'D2L_QUICK must be 0 (full data) or 1 (quick '
                          f'subset), got {flag!r}')
     return gpus_found == 0 if flag == '' else flag == '1'
+
+def train_epochs(num_epochs):
+    """`num_epochs` in full mode; at most QUICK_MAX_EPOCHS in quick mode.
+
+    Defined in :numref:`sec_helpers`"""
+    return num_epochs if not quick_mode(num_gpus()) else min(
+        num_epochs, QUICK_MAX_EPOCHS)
 
 def balanced_subset(labels, per_class):
     """Indices of the first `per_class` examples of each class, in file order.
@@ -422,3 +431,636 @@ class Residual(nn.Layer):
         if self.shortcut is not None:
             X = self.shortcut(X)
         return F.relu(Y + X)
+
+LENET_SHAPES = [  # weights are (outputs, inputs[, height, width]); biases follow
+    (6, 1, 5, 5), (6,),      # convolution: 1 -> 6 channels, 5 x 5 kernels
+    (16, 6, 5, 5), (16,),    # convolution: 6 -> 16 channels, 5 x 5 kernels
+    (120, 400), (120,),      # dense: 16 x 5 x 5 = 400 inputs -> 120 units
+    (84, 120), (84,),        # dense: 120 -> 84 units
+    (10, 84), (10,)]         # dense: 84 -> 10 class scores
+
+def lenet_init_arrays(seed=0):
+    """LeNet's initial values as NumPy arrays: He-scaled normal weights, zero biases.
+
+    Defined in :numref:`sec_multi_gpu`"""
+    rng = np.random.default_rng(seed)
+    arrays = []
+    for shape in LENET_SHAPES:
+        if len(shape) == 1:
+            arrays.append(np.zeros(shape, np.float32))
+        else:
+            fan_in = int(np.prod(shape[1:]))
+            weights = rng.standard_normal(shape) * np.sqrt(2 / fan_in)
+            arrays.append(weights.astype(np.float32))
+    return arrays
+
+def lenet_params(seed=0):
+    """LeNet's initial parameters as a list of CPU tensors (same values in every framework).
+
+    Defined in :numref:`sec_multi_gpu`"""
+    return [paddle.to_tensor(a, place=paddle.CPUPlace())
+            for a in lenet_init_arrays(seed)]
+
+def lenet(X, params):
+    """LeNet-style convnet on raw parameters: two conv/pool stages, three dense layers.
+
+    Defined in :numref:`sec_multi_gpu`"""
+    W1, b1, W2, b2, W3, b3, W4, b4, W5, b5 = params
+    H = F.max_pool2d(F.relu(F.conv2d(X, W1, b1, padding=2)), 2)  # 6 x 14 x 14
+    H = F.max_pool2d(F.relu(F.conv2d(H, W2, b2)), 2)             # 16 x 5 x 5
+    H = H.reshape([H.shape[0], -1])
+    H = F.relu(paddle.matmul(H, W3, transpose_y=True) + b3)
+    H = F.relu(paddle.matmul(H, W4, transpose_y=True) + b4)
+    return paddle.matmul(H, W5, transpose_y=True) + b5
+
+def cross_entropy_sum(y_hat, y):
+    """Cross-entropy of class scores `y_hat` against integer labels, summed over examples.
+
+    Defined in :numref:`sec_multi_gpu`"""
+    log_probs = F.log_softmax(y_hat, axis=1)
+    return -paddle.take_along_axis(log_probs, y.reshape([-1, 1]), axis=1).sum()
+
+def get_params(params, device):
+    """Copy `params` to `device` as new tensors that record their gradients.
+
+    Defined in :numref:`sec_multi_gpu`"""
+    # clone() first: to() hands back the tensor itself when it is already on
+    # `device`, and two replicas on one device must not share memory.
+    copies = [p.detach().clone().to(device) for p in params]
+    for p in copies:
+        p.stop_gradient = False
+    return copies
+
+def allreduce(data):
+    """Sum same-shaped tensors held on different devices, writing the sum into each.
+
+    Defined in :numref:`sec_multi_gpu`"""
+    first, rest = data[0], data[1:]
+    with paddle.no_grad():  # Paddle refuses in-place writes to recorded tensors
+        for x in rest:  # reduce: add every array into the first one
+            with paddle.device.device_guard(first.place):
+                first[:] += x.to(first.place)
+        for x in rest:  # broadcast: copy the sum into every other array
+            with paddle.device.device_guard(x.place):
+                x[:] = first.to(x.place)
+
+def shard_sizes(n, k):
+    """Sizes of `k` nearly equal parts of `n` items; the first `n % k` get one more.
+
+    Defined in :numref:`sec_multi_gpu`"""
+    return [n // k + (1 if i < n % k else 0) for i in range(k)]
+
+def check_split(num_examples, num_labels, num_devices):
+    """Raise ValueError, saying what to change, if a batch cannot be split over the devices.
+
+    Defined in :numref:`sec_multi_gpu`"""
+    if num_examples != num_labels:
+        raise ValueError(f'X holds {num_examples} examples but y holds '
+                         f'{num_labels} labels; pass one label per example')
+    if num_devices < 1:
+        raise ValueError('devices is empty; pass at least one device, e.g. '
+                         '[d2l.try_gpu()]')
+    if num_examples < num_devices:
+        raise ValueError(f'cannot split {num_examples} examples over '
+                         f'{num_devices} devices, each needs at least one; '
+                         f'use a batch of at least {num_devices} examples '
+                         f'or fewer devices')
+
+def split_batch(X, y, devices):
+    """Split examples `X` and labels `y` into one shard per device, placed there.
+
+    Defined in :numref:`sec_multi_gpu`"""
+    check_split(X.shape[0], y.shape[0], len(devices))
+    X_shards, y_shards, start = [], [], 0
+    for size, device in zip(shard_sizes(X.shape[0], len(devices)), devices):
+        X_shards.append(X[start:start + size].to(device))
+        y_shards.append(y[start:start + size].to(device))
+        start += size
+    return X_shards, y_shards
+
+def train_batch(X, y, device_params, devices, lr, allreduce_fn=allreduce):
+    """One data-parallel SGD step of LeNet: split, backward per device, sum, update.
+
+    Defined in :numref:`sec_multi_gpu`"""
+    X_shards, y_shards = split_batch(X, y, devices)
+    for X_s, y_s, W, device in zip(X_shards, y_shards, device_params, devices):
+        with paddle.device.device_guard(device):  # run this replica's work there
+            cross_entropy_sum(lenet(X_s, W), y_s).backward()
+    for i in range(len(device_params[0])):
+        allreduce_fn([W[i].grad for W in device_params])
+    for W, device in zip(device_params, devices):  # equal gradients, equal steps
+        with paddle.device.device_guard(device):
+            d2l.sgd(W, lr, X.shape[0])
+
+def evaluate_accuracy_replicas(device_params, data_iter, devices):
+    """LeNet's accuracy on `data_iter`, each minibatch split over the replicas' devices.
+
+    Defined in :numref:`sec_multi_gpu`"""
+    counts = d2l.Accumulator(2)  # correct predictions, examples
+    with paddle.no_grad():
+        for X, y in data_iter:
+            used = devices[:min(len(devices), X.shape[0])]  # short last batch
+            X_shards, y_shards = split_batch(X, y, used)
+            # Launch every device's forward pass before reading any result.
+            y_hats = []
+            for X_s, W, device in zip(X_shards, device_params, used):
+                with paddle.device.device_guard(device):
+                    y_hats.append(lenet(X_s, W))
+            for y_hat, y_s, device in zip(y_hats, y_shards, used):
+                with paddle.device.device_guard(device):
+                    counts.add(d2l.accuracy(y_hat, y_s), y_s.shape[0])
+    return counts[0] / counts[1]
+
+def ring_allreduce(data):
+    """Sum same-shaped tensors on k devices by ring reduce-scatter and all-gather, in place.
+
+    Defined in :numref:`sec_multi_gpu`"""
+    k = len(data)
+    bounds = np.cumsum([0] + shard_sizes(data[0].size, k)).tolist()
+    places = [x.place for x in data]
+    with paddle.no_grad():
+        # chunks[i][c] is a view of chunk c of the tensor on device i.
+        chunks = []
+        for x, place in zip(data, places):
+            with paddle.device.device_guard(place):
+                flat = x.reshape([-1])
+                chunks.append([flat[bounds[c]:bounds[c + 1]] for c in range(k)])
+        for step in range(k - 1):  # reduce-scatter: add what arrives
+            for i in range(k):
+                c, j = (i - step) % k, (i + 1) % k
+                with paddle.device.device_guard(places[j]):
+                    chunks[j][c][:] += chunks[i][c].to(places[j])
+        # Device i now holds the complete sum of chunk (i + 1) % k.
+        for step in range(k - 1):  # all-gather: overwrite with what arrives
+            for i in range(k):
+                c, j = (i + 1 - step) % k, (i + 1) % k
+                with paddle.device.device_guard(places[j]):
+                    chunks[j][c][:] = chunks[i][c].to(places[j])
+
+import copy
+import os
+import tempfile
+import numpy as np
+
+def check_resnet_args(num_classes, in_channels):
+    """Reject a class or channel count that is not a positive integer, saying which.
+
+    Defined in :numref:`sec_multi_gpu_concise`"""
+    for name, value in (('num_classes', num_classes),
+                        ('in_channels', in_channels)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(
+                f'{name} must be a positive integer, got {value!r}')
+
+def init_uniform_fan_in(net):
+    """Draw each conv/linear weight and bias from U(-b, b), b = 1/sqrt(fan_in), as PyTorch does.
+
+    Defined in :numref:`sec_multi_gpu_concise`"""
+    for layer in net.sublayers():
+        if isinstance(layer, nn.Conv2D):  # weight: out, in, height, width
+            fan_in = int(np.prod(layer.weight.shape[1:]))
+        elif isinstance(layer, nn.Linear):  # weight: in, out
+            fan_in = layer.weight.shape[0]
+        else:
+            continue
+        bound = fan_in ** -0.5
+        for param in (layer.weight, layer.bias):
+            param.set_value(paddle.uniform(param.shape, min=-bound, max=bound))
+
+def resnet18(num_classes, in_channels=1):
+    """ResNet-18 for small images: 3x3 stem, no max-pooling, four stages of two residual blocks.
+
+    Defined in :numref:`sec_multi_gpu_concise`"""
+    d2l.check_resnet_args(num_classes, in_channels)
+    # Stem for small images: one 3x3 convolution of stride 1, and no pooling.
+    layers = [nn.Conv2D(in_channels, 64, kernel_size=3, padding=1),
+              nn.BatchNorm2D(64), nn.ReLU()]
+    for in_c, out_c, downsample in [(64, 64, False), (64, 128, True),
+                                    (128, 256, True), (256, 512, True)]:
+        # A stage's first block halves the resolution, widens the channels.
+        layers.append(nn.Sequential(
+            d2l.Residual(in_c, out_c, use_1x1conv=downsample,
+                         stride=2 if downsample else 1),
+            d2l.Residual(out_c, out_c)))
+    layers += [nn.AdaptiveAvgPool2D((1, 1)), nn.Flatten(),
+               nn.Linear(512, num_classes)]
+    net = nn.Sequential(*layers)
+    d2l.init_uniform_fan_in(net)
+    return net
+
+def count_trainable_params(net):
+    """Number of values in `net` that receive gradients (batch-norm statistics excluded).
+
+    Defined in :numref:`sec_multi_gpu_concise`"""
+    return sum(p.size for p in net.parameters() if not p.stop_gradient)
+
+def check_num_gpus(num_gpus):
+    """Reject a device count that is not a positive integer, saying what was passed.
+
+    Defined in :numref:`sec_multi_gpu_concise`"""
+    if isinstance(num_gpus, bool) or not isinstance(num_gpus, int) or \
+            num_gpus < 1:
+        raise ValueError(
+            f'num_gpus must be a positive integer, got {num_gpus!r}')
+
+def data_parallel_places(num_gpus):
+    """Where the processes of a run will compute: up to `num_gpus` GPUs, or the CPU `num_gpus` times.
+
+    Defined in :numref:`sec_multi_gpu_concise`"""
+    d2l.check_num_gpus(num_gpus)
+    if d2l.num_gpus() == 0:
+        return [paddle.CPUPlace() for _ in range(num_gpus)]
+    return [paddle.CUDAPlace(i) for i in range(min(num_gpus, d2l.num_gpus()))]
+
+def evaluate_accuracy_gpus(net, data_iter, split_f=d2l.split_batch,
+                           devices=None):
+    """Fraction of `data_iter` that `net` classifies correctly, each batch split over the devices.
+
+    Defined in :numref:`sec_multi_gpu_concise`"""
+    if devices is None:
+        devices = d2l.try_all_gpus()
+    home = str(net.parameters()[0].place)
+    net.eval()  # batch normalisation uses its running statistics
+    copies = [net if str(d) == home else copy.deepcopy(net).to(d)
+              for d in devices]
+    counts = d2l.Accumulator(2)  # correct predictions, examples
+    with paddle.no_grad():
+        for X, y in data_iter:
+            k = min(len(devices), X.shape[0])
+            X_shards, y_shards = split_f(X, y, devices[:k])
+            y_hats = [m(X_s) for m, X_s in zip(copies, X_shards)]
+            for y_hat, y_s in zip(y_hats, y_shards):
+                counts.add(d2l.accuracy(y_hat, y_s), y_s.shape[0])
+    return counts[0] / counts[1]
+
+def train_step_concise(net, X, y, loss, optimizer):
+    """One SGD step of this process on its minibatch (X, y); returns the summed loss.
+
+    Defined in :numref:`sec_multi_gpu_concise`"""
+    l = loss(net(X), y)
+    l.backward()  # paddle.DataParallel averages gradients across processes
+    optimizer.step()
+    optimizer.clear_grad()
+    return l.detach() * X.shape[0]
+
+def train_epoch_concise(net, train_iter, loss, optimizer):
+    """One pass of this process over its part of the data; returns (summed loss, examples).
+
+    Defined in :numref:`sec_multi_gpu_concise`"""
+    net.train()
+    total, n = paddle.zeros([]), 0
+    for X, y in train_iter:
+        total += d2l.train_step_concise(net, X, y, loss, optimizer)
+        n += X.shape[0]
+    return float(total), n
+
+def train_concise_worker(net, num_epochs, batch_size, lr, weights_file):
+    """Body of each process of multi-process data-parallel training; returns its record.
+
+    Defined in :numref:`sec_multi_gpu_concise`"""
+    dist = paddle.distributed
+    dist.init_parallel_env()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    # A model that arrives pickled drifted from the one-process result after
+    # the first step under paddle.DataParallel (PaddlePaddle 3.3); a deep copy,
+    # which rebuilds every parameter through its constructor, trains correctly.
+    net = copy.deepcopy(net)
+    net.to(paddle.get_device())  # this process's GPU, or the CPU
+    model = paddle.DataParallel(net)  # copies rank 0's parameters to all
+    train_iter, _ = d2l.load_data_fashion_mnist(batch_size // world)
+    sampler = paddle.io.DistributedBatchSampler(
+        train_iter.dataset, batch_size // world, shuffle=True)
+    shard_iter = paddle.io.DataLoader(train_iter.dataset, batch_sampler=sampler,
+                                      collate_fn=train_iter.collate_fn)
+    optimizer = paddle.optimizer.SGD(learning_rate=lr,
+                                     parameters=model.parameters())
+    loss = nn.CrossEntropyLoss()
+    record = {'device': paddle.get_device(), 'train_loss': [],
+              'epoch_seconds': []}
+    timer = d2l.Timer()
+    for epoch in range(num_epochs):
+        sampler.set_epoch(epoch)  # a new shuffle, the same on every process
+        timer.start()
+        loss_sum, n = d2l.train_epoch_concise(model, shard_iter, loss,
+                                              optimizer)
+        record['epoch_seconds'].append(timer.stop())
+        totals = paddle.to_tensor([loss_sum, float(n)], dtype='float64')
+        if world > 1:  # add up every process's loss and example count
+            dist.all_reduce(totals)
+        record['train_loss'].append(float(totals[0] / totals[1]))
+    if rank == 0:
+        paddle.save(net.state_dict(), weights_file)
+    return record
+
+def train_concise_spawn(net, num_gpus, batch_size, lr, num_epochs):
+    """Train `net` with one process per device via paddle.DataParallel; return process 0's record.
+
+    Defined in :numref:`sec_multi_gpu_concise`"""
+    places = d2l.data_parallel_places(num_gpus)
+    if batch_size % len(places):
+        raise ValueError(f'batch_size {batch_size} cannot be shared equally by '
+                         f'{len(places)} processes; use a multiple of '
+                         f'{len(places)}')
+    backend = 'nccl' if d2l.num_gpus() else 'gloo'
+    with tempfile.TemporaryDirectory() as folder:
+        weights_file = os.path.join(folder, 'trained.pdparams')
+        context = paddle.distributed.spawn(
+            d2l.train_concise_worker, nprocs=len(places), backend=backend,
+            args=(net, num_epochs, batch_size, lr, weights_file))
+        records = [queue.get() for queue in context.return_queues]
+        net.set_state_dict(paddle.load(weights_file))
+    record = records[0]  # process 0's timings; the losses are global
+    record['devices'] = [r['device'] for r in records]
+    return record
+
+import contextlib
+import json
+import pickle
+import tempfile
+import paddle.distributed as dist
+
+def ddp_backend(world_size):
+    """NCCL if this is a CUDA build with a GPU for each of `world_size` processes, Gloo otherwise.
+
+    Defined in :numref:`sec_ddp`"""
+    if world_size < 1:
+        raise ValueError(f'world_size must be at least 1, got {world_size}')
+    if paddle.device.is_compiled_with_cuda() and num_gpus() >= world_size:
+        return 'nccl'
+    return 'gloo'
+
+@contextlib.contextmanager
+def process_group():
+    """Join the group that spawn or launch described in the environment; yield (rank, world size).
+
+    Defined in :numref:`sec_ddp`"""
+    if 'PADDLE_TRAINER_ID' not in os.environ:
+        raise RuntimeError(
+            'no process group is described in the environment: run this code '
+            'in a process started by paddle.distributed.spawn or by '
+            'python -m paddle.distributed.launch')
+    if os.environ.get('PADDLE_DISTRI_BACKEND') == 'nccl':
+        paddle.set_device(f'gpu:{dist.ParallelEnv().device_id}')
+    else:
+        paddle.set_device('cpu')
+    dist.init_parallel_env()
+    try:
+        yield dist.get_rank(), dist.get_world_size()
+    finally:
+        dist.destroy_process_group()
+
+def fashion_mnist_tensors(split):
+    """Images and labels of a Fashion-MNIST split as tensors (the quick subset in quick mode).
+
+    Defined in :numref:`sec_ddp`"""
+    images, labels = fashion_mnist_arrays(split, quick_mode(num_gpus()))
+    return paddle.to_tensor(images), paddle.to_tensor(labels)
+
+def shard_of_batch(X, y, step, rank, world_size, batch_size):
+    """Rank `rank`'s `batch_size` examples of global minibatch `step`, wrapping around the data.
+
+    Defined in :numref:`sec_ddp`"""
+    start = (step * world_size + rank) * batch_size
+    idx = paddle.arange(start, start + batch_size) % y.shape[0]
+    return paddle.gather(X, idx), paddle.gather(y, idx)
+
+def small_mlp(seed):
+    """A two-layer perceptron for 28x28 images, initialised from `seed`; no batch norm.
+
+    Defined in :numref:`sec_ddp`"""
+    paddle.seed(seed)
+    return nn.Sequential(nn.Flatten(), nn.Linear(784, 64), nn.ReLU(),
+                         nn.Linear(64, 10))
+
+def flat_parameters(net):
+    """All parameters of `net` in one flat NumPy vector, in registration order.
+
+    Defined in :numref:`sec_ddp`"""
+    return np.concatenate([p.numpy().reshape(-1) for p in net.parameters()])
+
+def sgd_on_shards(net, optimizer, rank, world_size, num_steps, batch_size):
+    """Take `num_steps` optimizer steps, rank `rank` training on its shard of each global minibatch.
+
+    Defined in :numref:`sec_ddp`"""
+    X, y = fashion_mnist_tensors('train')
+    for step in range(num_steps):
+        X_shard, y_shard = shard_of_batch(X, y, step, rank, world_size,
+                                          batch_size)
+        loss = F.cross_entropy(net(X_shard), y_shard)
+        loss.backward()  # a DataParallel model averages the gradients here
+        optimizer.step()
+        optimizer.clear_grad()
+
+def spawn_ranks(worker, world_size, *args, backend=None):
+    """Run worker(*args) in `world_size` new processes; return their results by rank.
+
+    Defined in :numref:`sec_ddp`"""
+    backend = backend or ddp_backend(world_size)
+    with tempfile.TemporaryDirectory() as out_dir:
+        dist.spawn(_run_rank, args=(worker, args, out_dir),
+                   nprocs=world_size, backend=backend)
+        results = []
+        for rank in range(world_size):
+            with open(os.path.join(out_dir, f'rank{rank}.pkl'), 'rb') as f:
+                results.append(pickle.load(f))
+    return results
+
+def _run_rank(worker, args, out_dir):
+    """Body of one spawned process: run the worker and store its result.
+
+    Defined in :numref:`sec_ddp`"""
+    result = worker(*args)
+    rank = int(os.environ['PADDLE_TRAINER_ID'])  # set by spawn
+    with open(os.path.join(out_dir, f'rank{rank}.pkl'), 'wb') as f:
+        pickle.dump(result, f)
+
+def ddp_sgd_steps(num_steps, batch_size, lr):
+    """DataParallel worker: `num_steps` of SGD on `small_mlp`, `batch_size` examples per rank; returns the parameters.
+
+    Defined in :numref:`sec_ddp`"""
+    with process_group() as (rank, world_size):
+        # Seeds differ on purpose: wrapping the model must make the copies agree.
+        net = paddle.DataParallel(small_mlp(seed=rank))
+        optimizer = paddle.optimizer.SGD(learning_rate=lr,
+                                         parameters=net.parameters())
+        sgd_on_shards(net, optimizer, rank, world_size, num_steps, batch_size)
+        return flat_parameters(net)
+
+def sgd_steps_one_process(num_steps, batch_size, lr):
+    """The same SGD in this process alone, on minibatches of `batch_size`, from rank 0's start.
+
+    Defined in :numref:`sec_ddp`"""
+    net = small_mlp(seed=0)
+    optimizer = paddle.optimizer.SGD(learning_rate=lr,
+                                     parameters=net.parameters())
+    sgd_on_shards(net, optimizer, 0, 1, num_steps, batch_size)
+    return flat_parameters(net)
+
+def skew_demo(delay_s, report_dir):
+    """Time DataParallel steps while rank 1 is late once and then leaves; write each rank's timings.
+
+    Defined in :numref:`sec_ddp`"""
+    with process_group() as (rank, world_size):
+        net = paddle.DataParallel(small_mlp(seed=0))
+        X, y = shard_of_batch(*fashion_mnist_tensors('train'), 0, rank,
+                              world_size, 32)
+
+        def timed_step():
+            began = time.perf_counter()
+            F.cross_entropy(net(X), y).backward()
+            return time.perf_counter() - began
+
+        for _ in range(3):
+            timed_step()  # the set-up of the first steps is not what we time
+        seen = {'all on time': timed_step()}
+        if rank == 1:
+            time.sleep(delay_s)
+        seen['rank 1 late'] = timed_step()
+        seen['last step began at'] = time.time()
+        with open(os.path.join(report_dir, f'rank{rank}.json'), 'w') as f:
+            json.dump(seen, f)
+        if rank != 1:
+            timed_step()  # finds rank 1 gone: this process aborts here
+
+def checkpoint_demo(path):
+    """Train, save on rank 0, load into a fresh model on every rank; return the parameters before and after.
+
+    Defined in :numref:`sec_ddp`"""
+    with process_group() as (rank, world_size):
+        net = paddle.DataParallel(small_mlp(seed=0))
+        optimizer = paddle.optimizer.Momentum(
+            learning_rate=0.1, momentum=0.9, parameters=net.parameters())
+        sgd_on_shards(net, optimizer, rank, world_size, 3, 32)
+        if rank == 0:  # the copies are equal, so one writer suffices
+            paddle.save(net.state_dict(), path)
+        dist.barrier()  # nobody reads before rank 0 has finished writing
+        fresh = small_mlp(seed=100 + rank)
+        before = flat_parameters(fresh)
+        # NumPy arrays carry no device: each parameter keeps its own place.
+        fresh.set_state_dict(paddle.load(path, return_numpy=True))
+        return {'trained': flat_parameters(net), 'before': before,
+                'after': flat_parameters(fresh)}
+
+class TwoDeviceMLP(nn.Layer):
+    """`small_mlp` cut in two: the hidden layer on devices[0], the output layer on devices[1].
+
+    Defined in :numref:`sec_ddp`"""
+    def __init__(self, devices, seed):
+        super().__init__()
+        paddle.seed(seed)  # same draws, in the same order, as small_mlp
+        self.devices = devices
+        self.lower = nn.Sequential(nn.Flatten(), nn.Linear(784, 64), nn.ReLU())
+        self.upper = nn.Linear(64, 10)
+        self.lower.to(device=devices[0])
+        self.upper.to(device=devices[1])
+
+    def forward(self, X):
+        hidden = self.lower(X.to(self.devices[0]))
+        return self.upper(hidden.to(self.devices[1]))  # activations cross over
+
+def model_parallel_ddp_steps(num_steps, batch_size, lr):
+    """DataParallel worker whose model is cut into two parts; returns its devices and parameters.
+
+    Defined in :numref:`sec_ddp`"""
+    with process_group() as (rank, world_size):
+        devices = ['cpu', 'cpu']  # see the text: both halves on the CPU
+        net = paddle.DataParallel(TwoDeviceMLP(devices, seed=rank))
+        optimizer = paddle.optimizer.SGD(learning_rate=lr,
+                                         parameters=net.parameters())
+        sgd_on_shards(net, optimizer, rank, world_size, num_steps, batch_size)
+        return {'devices': devices, 'parameters': flat_parameters(net)}
+
+def local_batch_size(batch_size, world_size):
+    """Each process's share of a global minibatch of `batch_size`, which must split evenly.
+
+    Defined in :numref:`sec_ddp`"""
+    if batch_size < world_size or batch_size % world_size:
+        below = max(world_size, batch_size - batch_size % world_size)
+        raise ValueError(
+            f'a global batch of {batch_size} cannot be shared equally by '
+            f'{world_size} processes; use a multiple of {world_size}, such as '
+            f'{below} or {below + world_size}')
+    return batch_size // world_size
+
+def evaluate_accuracy_ddp(net, rank, world_size, batch_size=256):
+    """Test accuracy of `net` over all ranks: each scores every world_size-th image, then the counts are summed.
+
+    Defined in :numref:`sec_ddp`"""
+    for p in net.parameters():
+        if not p.trainable:  # batch-norm statistics: use rank 0's
+            dist.broadcast(p, src=0)
+    X, y = fashion_mnist_tensors('test')
+    X, y = X[rank::world_size], y[rank::world_size]  # no image counted twice
+    correct, n = 0.0, 0
+    net.eval()
+    with paddle.no_grad():
+        for i in range(0, y.shape[0], batch_size):
+            correct += accuracy(net(X[i:i + batch_size]), y[i:i + batch_size])
+            n += y[i:i + batch_size].shape[0]
+    counts = paddle.to_tensor([correct, float(n)], dtype='float64')
+    dist.all_reduce(counts)  # correct predictions and images of all ranks
+    return float(counts[0] / counts[1])
+
+def train_ddp(num_epochs, batch_size, lr):
+    """Train d2l.resnet18 on Fashion-MNIST with DataParallel at global batch `batch_size`; return a summary.
+
+    Defined in :numref:`sec_ddp`"""
+    with process_group() as (rank, world_size):
+        local_batch = local_batch_size(batch_size, world_size)
+        train_set = paddle.io.TensorDataset(list(fashion_mnist_tensors('train')))
+        sampler = paddle.io.DistributedBatchSampler(
+            train_set, local_batch, num_replicas=world_size, rank=rank,
+            shuffle=True)
+        train_iter = paddle.io.DataLoader(train_set, batch_sampler=sampler)
+        paddle.seed(0)
+        net = paddle.DataParallel(resnet18(10))
+        optimizer = paddle.optimizer.SGD(learning_rate=lr,
+                                         parameters=net.parameters())
+        summary = {'rank': rank, 'world_size': world_size,
+                   'backend': os.environ.get('PADDLE_DISTRI_BACKEND'),
+                   'device': paddle.get_device(), 'train_loss': [],
+                   'epoch_s': []}
+        timer = Timer()
+        for epoch in range(num_epochs):
+            sampler.set_epoch(epoch)  # a new shuffle, the same on every rank
+            net.train()
+            timer.start()
+            loss_sum, n = 0.0, 0
+            for X, y in train_iter:
+                loss = F.cross_entropy(net(X), y)
+                loss.backward()
+                optimizer.step()
+                optimizer.clear_grad()
+                loss_sum += float(loss) * y.shape[0]
+                n += y.shape[0]
+            totals = paddle.to_tensor([loss_sum, float(n)], dtype='float64')
+            dist.all_reduce(totals)  # loss sums and counts of all ranks
+            # Reading the result waits for the device, so the clock stops after it.
+            summary['train_loss'].append(float(totals[0] / totals[1]))
+            summary['epoch_s'].append(timer.stop())
+        summary['test_acc'] = evaluate_accuracy_ddp(net, rank, world_size)
+        summary['data'] = describe_mode(quick_mode(num_gpus()), len(train_set),
+                                        fashion_mnist_tensors('test')[1].shape[0])
+        return summary
+
+def describe_ddp_run(summary):
+    """A few lines about a distributed training run, from one rank's summary.
+
+    Defined in :numref:`sec_ddp`"""
+    losses = ', '.join(f'{l:.3f}' for l in summary['train_loss'])
+    seconds = sum(summary['epoch_s']) / len(summary['epoch_s'])
+    return (f'{summary["world_size"]} processes, backend {summary["backend"]}, '
+            f'rank {summary["rank"]} on {summary["device"]}\n{summary["data"]}\n'
+            f'training loss per epoch: {losses}\n'
+            f'test accuracy {summary["test_acc"]:.3f}, {seconds:.1f} s/epoch '
+            f'on rank {summary["rank"]}')
+
+def ddp_script_path(framework='paddle'):
+    """Where the book keeps its launcher script for `framework` ('torch' or 'paddle').
+
+    Defined in :numref:`sec_ddp`"""
+    names = {'torch': 'ddp_train.py', 'paddle': 'ddp_train_paddle.py'}
+    if framework not in names:
+        raise ValueError(f"framework must be 'torch' or 'paddle', got {framework!r}")
+    book_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return os.path.join(book_root, 'chapter_multi_gpu', names[framework])

@@ -293,7 +293,9 @@ def read_idx_file(name):
                   for i in range(ndim))
     return np.frombuffer(data, np.uint8, offset=4 + 4 * ndim).reshape(shape)
 
-QUICK_PER_CLASS = {'train': 30, 'test': 20}
+QUICK_PER_CLASS = {'train': 10, 'test': 10}
+
+QUICK_MAX_EPOCHS = 2
 
 def quick_mode(gpus_found):
     """Whether to serve the small subset: D2L_QUICK if set, else when there is no GPU.
@@ -304,6 +306,13 @@ def quick_mode(gpus_found):
         raise ValueError(f'D2L_QUICK must be 0 (full data) or 1 (quick '
                          f'subset), got {flag!r}')
     return gpus_found == 0 if flag == '' else flag == '1'
+
+def train_epochs(num_epochs):
+    """`num_epochs` in full mode; at most QUICK_MAX_EPOCHS in quick mode.
+
+    Defined in :numref:`sec_helpers`"""
+    return num_epochs if not quick_mode(num_gpus()) else min(
+        num_epochs, QUICK_MAX_EPOCHS)
 
 def balanced_subset(labels, per_class):
     """Indices of the first `per_class` examples of each class, in file order.
@@ -410,3 +419,710 @@ class Residual(nn.Module):
         if self.shortcut is not None:
             X = self.shortcut(X)
         return F.relu(Y + X)
+
+LENET_SHAPES = [  # weights are (outputs, inputs[, height, width]); biases follow
+    (6, 1, 5, 5), (6,),      # convolution: 1 -> 6 channels, 5 x 5 kernels
+    (16, 6, 5, 5), (16,),    # convolution: 6 -> 16 channels, 5 x 5 kernels
+    (120, 400), (120,),      # dense: 16 x 5 x 5 = 400 inputs -> 120 units
+    (84, 120), (84,),        # dense: 120 -> 84 units
+    (10, 84), (10,)]         # dense: 84 -> 10 class scores
+
+def lenet_init_arrays(seed=0):
+    """LeNet's initial values as NumPy arrays: He-scaled normal weights, zero biases.
+
+    Defined in :numref:`sec_multi_gpu`"""
+    rng = np.random.default_rng(seed)
+    arrays = []
+    for shape in LENET_SHAPES:
+        if len(shape) == 1:
+            arrays.append(np.zeros(shape, np.float32))
+        else:
+            fan_in = int(np.prod(shape[1:]))
+            weights = rng.standard_normal(shape) * np.sqrt(2 / fan_in)
+            arrays.append(weights.astype(np.float32))
+    return arrays
+
+def lenet_params(seed=0):
+    """LeNet's initial parameters as a list of CPU tensors (same values in every framework).
+
+    Defined in :numref:`sec_multi_gpu`"""
+    return [torch.from_numpy(a) for a in lenet_init_arrays(seed)]
+
+def lenet(X, params):
+    """LeNet-style convnet on raw parameters: two conv/pool stages, three dense layers.
+
+    Defined in :numref:`sec_multi_gpu`"""
+    W1, b1, W2, b2, W3, b3, W4, b4, W5, b5 = params
+    H = F.max_pool2d(F.relu(F.conv2d(X, W1, b1, padding=2)), 2)  # 6 x 14 x 14
+    H = F.max_pool2d(F.relu(F.conv2d(H, W2, b2)), 2)             # 16 x 5 x 5
+    H = H.reshape(H.shape[0], -1)
+    H = F.relu(H @ W3.T + b3)
+    H = F.relu(H @ W4.T + b4)
+    return H @ W5.T + b5
+
+def cross_entropy_sum(y_hat, y):
+    """Cross-entropy of class scores `y_hat` against integer labels, summed over examples.
+
+    Defined in :numref:`sec_multi_gpu`"""
+    log_probs = F.log_softmax(y_hat, dim=1)
+    return -log_probs.gather(1, y.reshape(-1, 1)).sum()
+
+def get_params(params, device):
+    """Copy `params` to `device` as new tensors that record their gradients.
+
+    Defined in :numref:`sec_multi_gpu`"""
+    # copy=True: two replicas on the same device must not share memory.
+    copies = [p.detach().to(device, copy=True) for p in params]
+    for p in copies:
+        p.requires_grad_()
+    return copies
+
+def allreduce(data):
+    """Sum same-shaped tensors held on different devices, writing the sum into each.
+
+    Defined in :numref:`sec_multi_gpu`"""
+    first, rest = data[0], data[1:]
+    with torch.no_grad():
+        for x in rest:  # reduce: add every array into the first one
+            first[:] += x.to(first.device)
+        for x in rest:  # broadcast: copy the sum into every other array
+            x[:] = first.to(x.device)
+
+def shard_sizes(n, k):
+    """Sizes of `k` nearly equal parts of `n` items; the first `n % k` get one more.
+
+    Defined in :numref:`sec_multi_gpu`"""
+    return [n // k + (1 if i < n % k else 0) for i in range(k)]
+
+def check_split(num_examples, num_labels, num_devices):
+    """Raise ValueError, saying what to change, if a batch cannot be split over the devices.
+
+    Defined in :numref:`sec_multi_gpu`"""
+    if num_examples != num_labels:
+        raise ValueError(f'X holds {num_examples} examples but y holds '
+                         f'{num_labels} labels; pass one label per example')
+    if num_devices < 1:
+        raise ValueError('devices is empty; pass at least one device, e.g. '
+                         '[d2l.try_gpu()]')
+    if num_examples < num_devices:
+        raise ValueError(f'cannot split {num_examples} examples over '
+                         f'{num_devices} devices, each needs at least one; '
+                         f'use a batch of at least {num_devices} examples '
+                         f'or fewer devices')
+
+def split_batch(X, y, devices):
+    """Split examples `X` and labels `y` into one shard per device, placed there.
+
+    Defined in :numref:`sec_multi_gpu`"""
+    check_split(X.shape[0], y.shape[0], len(devices))
+    X_shards, y_shards, start = [], [], 0
+    for size, device in zip(shard_sizes(X.shape[0], len(devices)), devices):
+        X_shards.append(X[start:start + size].to(device))
+        y_shards.append(y[start:start + size].to(device))
+        start += size
+    return X_shards, y_shards
+
+def train_batch(X, y, device_params, devices, lr, allreduce_fn=allreduce):
+    """One data-parallel SGD step of LeNet: split, backward per device, sum, update.
+
+    Defined in :numref:`sec_multi_gpu`"""
+    X_shards, y_shards = split_batch(X, y, devices)
+    losses = [cross_entropy_sum(lenet(X_s, W), y_s)
+              for X_s, y_s, W in zip(X_shards, y_shards, device_params)]
+    for loss in losses:  # each device's backward pass fills its own .grad
+        loss.backward()
+    for i in range(len(device_params[0])):
+        allreduce_fn([W[i].grad for W in device_params])
+    for W in device_params:  # equal gradients keep the replicas equal
+        d2l.sgd(W, lr, X.shape[0])
+
+def evaluate_accuracy_replicas(device_params, data_iter, devices):
+    """LeNet's accuracy on `data_iter`, each minibatch split over the replicas' devices.
+
+    Defined in :numref:`sec_multi_gpu`"""
+    counts = d2l.Accumulator(2)  # correct predictions, examples
+    with torch.no_grad():
+        for X, y in data_iter:
+            used = devices[:min(len(devices), X.shape[0])]  # short last batch
+            X_shards, y_shards = split_batch(X, y, used)
+            # Launch every device's forward pass before reading any result.
+            y_hats = [lenet(X_s, W) for X_s, W in zip(X_shards, device_params)]
+            for y_hat, y_s in zip(y_hats, y_shards):
+                counts.add(d2l.accuracy(y_hat, y_s), y_s.shape[0])
+    return counts[0] / counts[1]
+
+def ring_allreduce(data):
+    """Sum same-shaped tensors on k devices by ring reduce-scatter and all-gather, in place.
+
+    Defined in :numref:`sec_multi_gpu`"""
+    k = len(data)
+    bounds = np.cumsum([0] + shard_sizes(data[0].numel(), k)).tolist()
+    with torch.no_grad():
+        # chunks[i][c] is a view of chunk c of the tensor on device i.
+        chunks = [[x.view(-1)[bounds[c]:bounds[c + 1]] for c in range(k)]
+                  for x in data]
+        for step in range(k - 1):  # reduce-scatter: add what arrives
+            for i in range(k):
+                c, j = (i - step) % k, (i + 1) % k
+                chunks[j][c][:] += chunks[i][c].to(data[j].device)
+        # Device i now holds the complete sum of chunk (i + 1) % k.
+        for step in range(k - 1):  # all-gather: overwrite with what arrives
+            for i in range(k):
+                c, j = (i + 1 - step) % k, (i + 1) % k
+                chunks[j][c][:] = chunks[i][c].to(data[j].device)
+
+import copy
+
+def check_resnet_args(num_classes, in_channels):
+    """Reject a class or channel count that is not a positive integer, saying which.
+
+    Defined in :numref:`sec_multi_gpu_concise`"""
+    for name, value in (('num_classes', num_classes),
+                        ('in_channels', in_channels)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(
+                f'{name} must be a positive integer, got {value!r}')
+
+def resnet18(num_classes, in_channels=1):
+    """ResNet-18 for small images: 3x3 stem, no max-pooling, four stages of two residual blocks.
+
+    Defined in :numref:`sec_multi_gpu_concise`"""
+    d2l.check_resnet_args(num_classes, in_channels)
+    # Stem for small images: one 3x3 convolution of stride 1, and no pooling.
+    layers = [nn.Conv2d(in_channels, 64, kernel_size=3, padding=1),
+              nn.BatchNorm2d(64), nn.ReLU()]
+    for in_c, out_c, downsample in [(64, 64, False), (64, 128, True),
+                                    (128, 256, True), (256, 512, True)]:
+        # A stage's first block halves the resolution, widens the channels.
+        layers.append(nn.Sequential(
+            d2l.Residual(in_c, out_c, use_1x1conv=downsample,
+                         stride=2 if downsample else 1),
+            d2l.Residual(out_c, out_c)))
+    layers += [nn.AdaptiveAvgPool2d((1, 1)), nn.Flatten(),
+               nn.Linear(512, num_classes)]
+    return nn.Sequential(*layers)
+
+def count_trainable_params(net):
+    """Number of values in `net` that receive gradients (batch-norm statistics excluded).
+
+    Defined in :numref:`sec_multi_gpu_concise`"""
+    return sum(p.numel() for p in net.parameters() if p.requires_grad)
+
+def check_num_gpus(num_gpus):
+    """Reject a device count that is not a positive integer, saying what was passed.
+
+    Defined in :numref:`sec_multi_gpu_concise`"""
+    if isinstance(num_gpus, bool) or not isinstance(num_gpus, int) or \
+            num_gpus < 1:
+        raise ValueError(
+            f'num_gpus must be a positive integer, got {num_gpus!r}')
+
+def data_parallel_devices(num_gpus):
+    """Up to `num_gpus` of the GPUs present, or [cpu] without GPUs (no CPU copies in nn.DataParallel).
+
+    Defined in :numref:`sec_multi_gpu_concise`"""
+    d2l.check_num_gpus(num_gpus)
+    found = min(num_gpus, d2l.num_gpus())
+    if found == 0:
+        return [torch.device('cpu')]
+    return [torch.device(f'cuda:{i}') for i in range(found)]
+
+def data_parallel_model(net, num_gpus):
+    """Move `net` to the first device and wrap it in nn.DataParallel; return it and the devices.
+
+    Defined in :numref:`sec_multi_gpu_concise`"""
+    devices = d2l.data_parallel_devices(num_gpus)
+    net.to(devices[0])  # every parameter exists already, so all are moved
+    return nn.DataParallel(net, device_ids=devices), devices
+
+def evaluate_accuracy_gpus(net, data_iter, split_f=d2l.split_batch,
+                           devices=None):
+    """Fraction of `data_iter` that `net` classifies correctly, each batch split over the devices.
+
+    Defined in :numref:`sec_multi_gpu_concise`"""
+    model = net.module if isinstance(net, nn.DataParallel) else net
+    home = next(model.parameters()).device
+    if devices is None:
+        devices = [torch.device(f'cuda:{i}') for i in net.device_ids] \
+            if isinstance(net, nn.DataParallel) and net.device_ids else [home]
+    model.eval()  # batch normalisation uses its running statistics
+    copies = [model if d == home else copy.deepcopy(model).to(d)
+              for d in devices]
+    counts = d2l.Accumulator(2)  # correct predictions, examples
+    with torch.no_grad():
+        for X, y in data_iter:
+            k = min(len(devices), X.shape[0])
+            X_shards, y_shards = split_f(X, y, devices[:k])
+            y_hats = [m(X_s) for m, X_s in zip(copies, X_shards)]
+            for y_hat, y_s in zip(y_hats, y_shards):
+                counts.add(d2l.accuracy(y_hat, y_s), y_s.numel())
+    return counts[0] / counts[1]
+
+def train_step_concise(net, X, y, loss, optimizer, device):
+    """One SGD step of an nn.DataParallel model on minibatch (X, y); returns the summed loss.
+
+    Defined in :numref:`sec_multi_gpu_concise`"""
+    X, y = X.to(device), y.to(device)
+    optimizer.zero_grad()
+    l = loss(net(X), y)  # the wrapper scatters X and gathers the outputs
+    l.backward()
+    optimizer.step()
+    return l.detach() * X.shape[0]
+
+def train_epoch_concise(net, train_iter, loss, optimizer, device):
+    """One pass of data-parallel training over `train_iter`; returns (summed loss, examples).
+
+    Defined in :numref:`sec_multi_gpu_concise`"""
+    net.train()
+    total, n = torch.zeros((), device=device), 0
+    for X, y in train_iter:
+        total += d2l.train_step_concise(net, X, y, loss, optimizer, device)
+        n += X.shape[0]
+    return float(total), n
+
+import contextlib
+import datetime
+import pickle
+import socket
+import tempfile
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+def check_rank(rank, world_size, what='rank'):
+    """Reject a world size below 1 or a rank outside 0..world_size-1, naming the culprit.
+
+    Defined in :numref:`sec_ddp`"""
+    for name, value in (('world_size', world_size), (what, rank)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f'{name} must be an int, got {value!r}')
+    if world_size < 1:
+        raise ValueError(f'world_size must be at least 1, got {world_size}')
+    if not 0 <= rank < world_size:
+        raise ValueError(f'{what} must lie in 0..{world_size - 1} for a world '
+                         f'size of {world_size}, got {rank}')
+
+def ddp_device(local_rank, local_world_size):
+    """GPU `local_rank` if every process on this machine gets its own GPU, else the CPU.
+
+    Defined in :numref:`sec_ddp`"""
+    check_rank(local_rank, local_world_size, 'local_rank')
+    if num_gpus() >= local_world_size:
+        return torch.device('cuda', local_rank)
+    return torch.device('cpu')
+
+def ddp_backend(device):
+    """NCCL for a CUDA device when this PyTorch build has it, Gloo otherwise.
+
+    Defined in :numref:`sec_ddp`"""
+    if device.type == 'cuda' and dist.is_nccl_available():
+        return 'nccl'
+    return 'gloo'
+
+def free_port(host='127.0.0.1'):
+    """Ask the operating system for a TCP port on `host` that nothing holds right now.
+
+    Defined in :numref:`sec_ddp`"""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))  # port 0: let the system choose
+        return probe.getsockname()[1]
+
+def local_init_method(host='127.0.0.1'):
+    """A tcp:// rendezvous address at a free port, for processes on this machine.
+
+    Defined in :numref:`sec_ddp`"""
+    return f'tcp://{host}:{free_port(host)}'
+
+@contextlib.contextmanager
+def process_group(rank, world_size, init_method='env://', timeout_s=None,
+                  device=None, local_rank=None, local_world_size=None):
+    """Join a process group for the body of a `with` block; yield this process's device.
+
+    Defined in :numref:`sec_ddp`"""
+    check_rank(rank, world_size)
+    local_rank = rank if local_rank is None else local_rank
+    local_world_size = world_size if local_world_size is None \
+        else local_world_size
+    if device is None:
+        device = ddp_device(local_rank, local_world_size)
+    if device.type == 'cuda':
+        torch.cuda.set_device(device)
+    else:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world_size))
+    timeout = None if timeout_s is None else datetime.timedelta(
+        seconds=timeout_s)
+    dist.init_process_group(ddp_backend(device), init_method=init_method,
+                            rank=rank, world_size=world_size, timeout=timeout)
+    try:
+        yield device
+    finally:
+        dist.destroy_process_group()
+
+def fashion_mnist_tensors(split):
+    """Images and labels of a Fashion-MNIST split as tensors (the quick subset in quick mode).
+
+    Defined in :numref:`sec_ddp`"""
+    images, labels = fashion_mnist_arrays(split, quick_mode(num_gpus()))
+    return torch.from_numpy(images), torch.from_numpy(labels)
+
+def shard_of_batch(X, y, step, rank, world_size, batch_size):
+    """Rank `rank`'s `batch_size` examples of global minibatch `step`, wrapping around the data.
+
+    Defined in :numref:`sec_ddp`"""
+    start = (step * world_size + rank) * batch_size
+    idx = torch.arange(start, start + batch_size) % len(y)
+    return X[idx], y[idx]
+
+def small_mlp(seed):
+    """A two-layer perceptron for 28x28 images, initialised from `seed`; no batch norm.
+
+    Defined in :numref:`sec_ddp`"""
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Flatten(), nn.Linear(784, 64), nn.ReLU(),
+                         nn.Linear(64, 10))
+
+def flat_parameters(net):
+    """All parameters of `net` in one flat NumPy vector, in registration order.
+
+    Defined in :numref:`sec_ddp`"""
+    return torch.cat([p.detach().cpu().reshape(-1)
+                      for p in net.parameters()]).numpy()
+
+def sgd_on_shards(net, optimizer, rank, world_size, num_steps, batch_size,
+                  device):
+    """Take `num_steps` optimizer steps, rank `rank` training on its shard of each global minibatch.
+
+    Defined in :numref:`sec_ddp`"""
+    X, y = fashion_mnist_tensors('train')
+    for step in range(num_steps):
+        X_shard, y_shard = shard_of_batch(X, y, step, rank, world_size,
+                                          batch_size)
+        y_hat = net(X_shard.to(device))
+        loss = F.cross_entropy(y_hat, y_shard.to(y_hat.device))
+        optimizer.zero_grad()
+        loss.backward()  # a DDP model averages the gradients over ranks here
+        optimizer.step()
+
+def spawn_ranks(worker, world_size, *args):
+    """Run worker(rank, world_size, *args) in `world_size` new processes; return their results by rank.
+
+    Defined in :numref:`sec_ddp`"""
+    check_rank(0, world_size)
+    with tempfile.TemporaryDirectory() as out_dir:
+        mp.spawn(_run_rank, args=(worker, world_size, args, out_dir),
+                 nprocs=world_size)
+        results = []
+        for rank in range(world_size):
+            with open(os.path.join(out_dir, f'rank{rank}.pkl'), 'rb') as f:
+                results.append(pickle.load(f))
+    return results
+
+def _run_rank(rank, worker, world_size, args, out_dir):
+    """Body of one spawned process: run the worker and store its result.
+
+    Defined in :numref:`sec_ddp`"""
+    result = worker(rank, world_size, *args)
+    with open(os.path.join(out_dir, f'rank{rank}.pkl'), 'wb') as f:
+        pickle.dump(result, f)
+
+def ddp_sgd_steps(rank, world_size, init_method, num_steps, batch_size, lr):
+    """DDP worker: `num_steps` of SGD on `small_mlp`, `batch_size` examples per rank; returns the parameters.
+
+    Defined in :numref:`sec_ddp`"""
+    with process_group(rank, world_size, init_method) as device:
+        # Seeds differ on purpose: constructing DDP must make the copies agree.
+        net = DDP(small_mlp(seed=rank).to(device))
+        optimizer = torch.optim.SGD(net.parameters(), lr=lr)
+        sgd_on_shards(net, optimizer, rank, world_size, num_steps,
+                      batch_size, device)
+        return flat_parameters(net.module)
+
+def sgd_steps_one_process(num_steps, batch_size, lr):
+    """The same SGD in this process alone, on minibatches of `batch_size`, from rank 0's start.
+
+    Defined in :numref:`sec_ddp`"""
+    net = small_mlp(seed=0)
+    optimizer = torch.optim.SGD(net.parameters(), lr=lr)
+    sgd_on_shards(net, optimizer, 0, 1, num_steps, batch_size,
+                  torch.device('cpu'))
+    return flat_parameters(net)
+
+def skew_demo(rank, world_size, init_method, delay_s, timeout_s):
+    """Time DDP steps of every rank while rank 1 is late once and then leaves.
+
+    Defined in :numref:`sec_ddp`"""
+    cpu = torch.device('cpu')  # Gloo everywhere: NCCL aborts instead of raising
+    with process_group(rank, world_size, init_method, timeout_s, cpu):
+        net = DDP(small_mlp(seed=0))
+        X, y = shard_of_batch(*fashion_mnist_tensors('train'), 0, rank,
+                              world_size, 32)
+
+        def timed_step():
+            began = time.perf_counter()
+            F.cross_entropy(net(X), y).backward()
+            return time.perf_counter() - began
+
+        for _ in range(3):
+            timed_step()  # DDP settles its gradient buckets in the first steps
+        seen = {'all on time': timed_step()}
+        if rank == 1:
+            time.sleep(delay_s)
+        seen['rank 1 late'] = timed_step()
+        if rank == 1:
+            return seen  # leaving the with-block closes rank 1's connections
+        began = time.perf_counter()
+        try:
+            timed_step()
+            seen['rank 1 gone'] = 'no error'
+        except RuntimeError as err:
+            seen['rank 1 gone'] = time.perf_counter() - began
+            seen['error'] = str(err)
+        return seen
+
+def checkpoint_demo(rank, world_size, init_method, path):
+    """Train, save on rank 0, load into a fresh model on every rank; return the parameters before and after.
+
+    Defined in :numref:`sec_ddp`"""
+    with process_group(rank, world_size, init_method) as device:
+        net = DDP(small_mlp(seed=0).to(device))
+        optimizer = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+        sgd_on_shards(net, optimizer, rank, world_size, 3, 32, device)
+        if rank == 0:  # the copies are equal, so one writer suffices
+            torch.save({'model': net.module.state_dict(),
+                        'optimizer': optimizer.state_dict()}, path)
+        dist.barrier()  # nobody reads before rank 0 has finished writing
+        fresh = small_mlp(seed=100 + rank).to(device)
+        before = flat_parameters(fresh)
+        # Tensors saved from rank 0's GPU land on this rank's device.
+        location = {'cuda:0': str(device)} if device.type == 'cuda' else 'cpu'
+        state = torch.load(path, map_location=location)
+        fresh.load_state_dict(state['model'])
+        fresh_optimizer = torch.optim.SGD(fresh.parameters(), lr=0.1,
+                                          momentum=0.9)
+        fresh_optimizer.load_state_dict(state['optimizer'])
+        return {'trained': flat_parameters(net.module), 'before': before,
+                'after': flat_parameters(fresh)}
+
+class TwoDeviceMLP(nn.Module):
+    """`small_mlp` cut in two: the hidden layer on devices[0], the output layer on devices[1].
+
+    Defined in :numref:`sec_ddp`"""
+    def __init__(self, devices, seed):
+        super().__init__()
+        torch.manual_seed(seed)  # same draws, in the same order, as small_mlp
+        self.devices = devices
+        self.lower = nn.Sequential(nn.Flatten(), nn.Linear(784, 64),
+                                   nn.ReLU()).to(devices[0])
+        self.upper = nn.Linear(64, 10).to(devices[1])
+
+    def forward(self, X):
+        hidden = self.lower(X.to(self.devices[0]))
+        return self.upper(hidden.to(self.devices[1]))  # activations cross over
+
+def model_parallel_devices(local_rank, local_world_size):
+    """Two devices for one process: GPUs 2*local_rank and 2*local_rank+1 if there are enough, else the CPU twice.
+
+    Defined in :numref:`sec_ddp`"""
+    check_rank(local_rank, local_world_size, 'local_rank')
+    if num_gpus() >= 2 * local_world_size:
+        return [torch.device('cuda', 2 * local_rank),
+                torch.device('cuda', 2 * local_rank + 1)]
+    return [torch.device('cpu'), torch.device('cpu')]
+
+def model_parallel_ddp_steps(rank, world_size, init_method, num_steps,
+                             batch_size, lr):
+    """DDP worker whose model spans two devices; returns its devices and parameters.
+
+    Defined in :numref:`sec_ddp`"""
+    devices = model_parallel_devices(rank, world_size)
+    with process_group(rank, world_size, init_method, device=devices[0]):
+        net = DDP(TwoDeviceMLP(devices, seed=rank))  # no device_ids: it spans two
+        optimizer = torch.optim.SGD(net.parameters(), lr=lr)
+        sgd_on_shards(net, optimizer, rank, world_size, num_steps,
+                      batch_size, devices[0])
+        return {'devices': [str(d) for d in devices],
+                'parameters': flat_parameters(net.module)}
+
+def local_batch_size(batch_size, world_size):
+    """Each process's share of a global minibatch of `batch_size`, which must split evenly.
+
+    Defined in :numref:`sec_ddp`"""
+    if batch_size < world_size or batch_size % world_size:
+        below = max(world_size, batch_size - batch_size % world_size)
+        raise ValueError(
+            f'a global batch of {batch_size} cannot be shared equally by '
+            f'{world_size} processes; use a multiple of {world_size}, such as '
+            f'{below} or {below + world_size}')
+    return batch_size // world_size
+
+def evaluate_accuracy_ddp(net, device, rank, world_size, batch_size=256):
+    """Test accuracy of `net` over all ranks: each scores every world_size-th image, then the counts are summed.
+
+    Defined in :numref:`sec_ddp`"""
+    for buffer in net.buffers():
+        dist.broadcast(buffer, src=0)  # everybody uses rank 0's statistics
+    X, y = fashion_mnist_tensors('test')
+    X, y = X[rank::world_size], y[rank::world_size]  # no image counted twice
+    counts = torch.zeros(2, dtype=torch.float64, device=device)
+    net.eval()
+    with torch.no_grad():
+        for i in range(0, len(y), batch_size):
+            y_part = y[i:i + batch_size].to(device)
+            counts[0] += accuracy(net(X[i:i + batch_size].to(device)), y_part)
+            counts[1] += len(y_part)
+    dist.all_reduce(counts)  # correct predictions and images of all ranks
+    return (counts[0] / counts[1]).item()
+
+def train_ddp(rank, world_size, init_method, num_epochs, batch_size, lr,
+              local_rank=None, local_world_size=None):
+    """Train d2l.resnet18 on Fashion-MNIST with DDP at global batch `batch_size`; return a summary.
+
+    Defined in :numref:`sec_ddp`"""
+    local_batch = local_batch_size(batch_size, world_size)
+    with process_group(rank, world_size, init_method, local_rank=local_rank,
+                       local_world_size=local_world_size) as device:
+        train_set = torch.utils.data.TensorDataset(
+            *fashion_mnist_tensors('train'))
+        sampler = torch.utils.data.DistributedSampler(
+            train_set, num_replicas=world_size, rank=rank, shuffle=True, seed=0)
+        train_iter = torch.utils.data.DataLoader(train_set, local_batch,
+                                                 sampler=sampler)
+        torch.manual_seed(0)
+        net = DDP(resnet18(10).to(device))
+        optimizer = torch.optim.SGD(net.parameters(), lr=lr)
+        summary = {'rank': rank, 'world_size': world_size,
+                   'backend': dist.get_backend(), 'device': str(device),
+                   'train_loss': [], 'epoch_s': []}
+        timer = Timer()
+        for epoch in range(num_epochs):
+            sampler.set_epoch(epoch)  # a new shuffle, the same on every rank
+            net.train()
+            timer.start()
+            totals = torch.zeros(2, dtype=torch.float64, device=device)
+            for X, y in train_iter:
+                X, y = X.to(device), y.to(device)
+                loss = F.cross_entropy(net(X), y)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+                totals[0] += loss.detach() * len(y)
+                totals[1] += len(y)
+            dist.all_reduce(totals)  # loss sums and counts of all ranks
+            # Reading the result waits for the device, so the clock stops after it.
+            summary['train_loss'].append((totals[0] / totals[1]).item())
+            summary['epoch_s'].append(timer.stop())
+        summary['test_acc'] = evaluate_accuracy_ddp(net.module, device, rank,
+                                                    world_size)
+        summary['data'] = describe_mode(quick_mode(num_gpus()), len(train_set),
+                                        len(fashion_mnist_tensors('test')[1]))
+        return summary
+
+def describe_ddp_run(summary):
+    """A few lines about a distributed training run, from one rank's summary.
+
+    Defined in :numref:`sec_ddp`"""
+    losses = ', '.join(f'{l:.3f}' for l in summary['train_loss'])
+    seconds = sum(summary['epoch_s']) / len(summary['epoch_s'])
+    return (f'{summary["world_size"]} processes, backend {summary["backend"]}, '
+            f'rank {summary["rank"]} on {summary["device"]}\n{summary["data"]}\n'
+            f'training loss per epoch: {losses}\n'
+            f'test accuracy {summary["test_acc"]:.3f}, {seconds:.1f} s/epoch '
+            f'on rank {summary["rank"]}')
+
+def timing_batch(global_batch):
+    """The first `global_batch` training images and labels (wrapping around), for timing runs.
+
+    Defined in :numref:`sec_ddp`"""
+    X, y = fashion_mnist_tensors('train')
+    idx = torch.arange(global_batch) % len(y)
+    return X[idx], y[idx]
+
+def time_steps(net, optimizer, X, y, num_steps, warmup, device):
+    """Average seconds per SGD step on (X, y) after `warmup` untimed steps.
+
+    Defined in :numref:`sec_ddp`"""
+    def step():
+        y_hat = net(X)
+        loss = F.cross_entropy(y_hat, y.to(y_hat.device))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+    for _ in range(warmup):
+        step()
+    if device.type == 'cuda':
+        torch.cuda.synchronize(device)
+    began = time.perf_counter()
+    for _ in range(num_steps):
+        step()
+    if device.type == 'cuda':
+        torch.cuda.synchronize(device)  # GPUs run ahead of the Python code
+    return (time.perf_counter() - began) / num_steps
+
+def time_data_parallel(num_devices, global_batch, num_steps, warmup=1,
+                       model_fn=None):
+    """Seconds per training step with nn.DataParallel over GPUs 0..num_devices-1 (plain model on the CPU without them).
+
+    Defined in :numref:`sec_ddp`"""
+    if isinstance(num_devices, bool) or not isinstance(num_devices, int) \
+            or num_devices < 1:
+        raise ValueError(f'num_devices must be a positive int, got {num_devices!r}')
+    use_gpus = num_gpus() >= num_devices
+    device = torch.device('cuda', 0) if use_gpus else torch.device('cpu')
+    torch.manual_seed(0)
+    model = (model_fn() if model_fn else resnet18(10)).to(device)
+    # Without GPUs nn.DataParallel would just call the model, so we do too.
+    net = nn.DataParallel(model, device_ids=list(range(num_devices))) \
+        if use_gpus else model
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.01)
+    X, y = timing_batch(global_batch)
+    return time_steps(net, optimizer, X.to(device), y.to(device), num_steps,
+                      warmup, device)
+
+def time_ddp(world_size, global_batch, num_steps, warmup=1, model_fn=None):
+    """Seconds per training step with DDP, `world_size` processes sharing `global_batch` examples.
+
+    Defined in :numref:`sec_ddp`"""
+    local_batch_size(global_batch, world_size)  # fail here, not in every child
+    return spawn_ranks(_time_ddp_worker, world_size, local_init_method(),
+                       global_batch, num_steps, warmup, model_fn)[0]
+
+def _time_ddp_worker(rank, world_size, init_method, global_batch, num_steps,
+                     warmup, model_fn):
+    """One process of time_ddp: time the steps on its shard; return the slowest rank's time.
+
+    Defined in :numref:`sec_ddp`"""
+    with process_group(rank, world_size, init_method) as device:
+        torch.manual_seed(0)
+        net = DDP((model_fn() if model_fn else resnet18(10)).to(device))
+        optimizer = torch.optim.SGD(net.parameters(), lr=0.01)
+        share = local_batch_size(global_batch, world_size)
+        X, y = timing_batch(global_batch)
+        X, y = X[rank * share:(rank + 1) * share], y[rank * share:(rank + 1) * share]
+        seconds = torch.tensor(
+            time_steps(net, optimizer, X.to(device), y.to(device), num_steps,
+                       warmup, device), dtype=torch.float64, device=device)
+        dist.all_reduce(seconds, op=dist.ReduceOp.MAX)  # the slowest rank
+        return seconds.item()
+
+def launcher_ranks():
+    """(rank, world size, local rank, local world size) as set by torchrun.
+
+    Defined in :numref:`sec_ddp`"""
+    names = ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'LOCAL_WORLD_SIZE')
+    missing = [name for name in names if name not in os.environ]
+    if missing:
+        raise RuntimeError(
+            f'{", ".join(missing)} not set: start this script with torchrun, '
+            f'for example torchrun --nproc_per_node=2 {sys.argv[0]}')
+    return tuple(int(os.environ[name]) for name in names)
+
+def ddp_script_path(framework='torch'):
+    """Where the book keeps its launcher script for `framework` ('torch' or 'paddle').
+
+    Defined in :numref:`sec_ddp`"""
+    names = {'torch': 'ddp_train.py', 'paddle': 'ddp_train_paddle.py'}
+    if framework not in names:
+        raise ValueError(f"framework must be 'torch' or 'paddle', got {framework!r}")
+    book_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return os.path.join(book_root, 'chapter_multi_gpu', names[framework])
