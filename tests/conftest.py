@@ -28,3 +28,38 @@ def d2l(framework):
 def quick(monkeypatch):
     """Force quick mode, whatever hardware the tests run on."""
     monkeypatch.setenv('D2L_QUICK', '1')
+
+
+# Tensors and devices the way the book's CPU fallback makes them, per framework.
+
+def cpu_devices(framework, k):
+    """k devices for the framework at hand, as the book's CPU fallback gives them."""
+    if framework == 'mxnet':
+        import mxnet as mx
+        return [mx.cpu(i) for i in range(k)]
+    if framework == 'paddle':
+        import paddle
+        return [paddle.CPUPlace() for _ in range(k)]
+    import torch
+    return [torch.device('cpu')] * k
+
+
+def tensor(framework, array, device=None):
+    """A framework tensor holding a copy of a NumPy array, on `device` if given."""
+    if framework == 'mxnet':
+        import mxnet as mx
+        return mx.nd.array(array, ctx=device or mx.cpu(), dtype=array.dtype)
+    if framework == 'paddle':
+        import paddle
+        return paddle.to_tensor(array, place=device or paddle.CPUPlace())
+    import torch
+    return torch.tensor(array, device=device)
+
+
+def numpy(framework, x):
+    """A NumPy copy of a framework tensor."""
+    if framework == 'mxnet':
+        return x.asnumpy()
+    if framework == 'paddle':
+        return x.numpy()
+    return x.detach().cpu().numpy()

@@ -7,6 +7,8 @@ sum of the data-parallel algorithm really runs.
 import numpy as np
 import pytest
 
+from conftest import cpu_devices, numpy, tensor
+
 REDUCERS = ('allreduce', 'ring_allreduce')
 # (examples, devices): even and uneven splits, and as many devices as examples.
 SPLITS = [(5, 1), (8, 2), (7, 2), (7, 3), (9, 3), (4, 4), (10, 4), (13, 4)]
@@ -23,39 +25,6 @@ def paddle_default_device_is_the_cpu(framework):
     import paddle
     with paddle.device.device_guard(paddle.CPUPlace()):
         yield
-
-
-def cpu_devices(framework, k):
-    """k devices for the framework at hand, as the book's fallback gives them."""
-    if framework == 'mxnet':
-        import mxnet as mx
-        return [mx.cpu(i) for i in range(k)]
-    if framework == 'paddle':
-        import paddle
-        return [paddle.CPUPlace() for _ in range(k)]
-    import torch
-    return [torch.device('cpu')] * k
-
-
-def tensor(framework, array, device=None):
-    """A framework tensor holding a copy of a NumPy array, on `device` if given."""
-    if framework == 'mxnet':
-        import mxnet as mx
-        return mx.nd.array(array, ctx=device or mx.cpu(), dtype=array.dtype)
-    if framework == 'paddle':
-        import paddle
-        return paddle.to_tensor(array, place=device or paddle.CPUPlace())
-    import torch
-    return torch.tensor(array, device=device)
-
-
-def numpy(framework, x):
-    """A NumPy copy of a framework tensor."""
-    if framework == 'mxnet':
-        return x.asnumpy()
-    if framework == 'paddle':
-        return x.numpy()
-    return x.detach().cpu().numpy()
 
 
 def device_of(framework, x):

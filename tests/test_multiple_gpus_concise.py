@@ -9,38 +9,7 @@ import importlib
 import numpy as np
 import pytest
 
-
-def cpu_devices(framework, k):
-    """k devices for the framework at hand, as the book's CPU fallback gives them."""
-    if framework == 'mxnet':
-        import mxnet as mx
-        return [mx.cpu(i) for i in range(k)]
-    if framework == 'paddle':
-        import paddle
-        return [paddle.CPUPlace() for _ in range(k)]
-    import torch
-    return [torch.device('cpu')] * k
-
-
-def tensor(framework, array, device=None):
-    """A framework tensor holding a copy of a NumPy array, on `device` if given."""
-    if framework == 'mxnet':
-        import mxnet as mx
-        return mx.nd.array(array, ctx=device or mx.cpu(), dtype=array.dtype)
-    if framework == 'paddle':
-        import paddle
-        return paddle.to_tensor(array, place=device or paddle.CPUPlace())
-    import torch
-    return torch.tensor(array, device=device)
-
-
-def numpy(framework, x):
-    """A NumPy copy of a framework tensor."""
-    if framework == 'mxnet':
-        return x.asnumpy()
-    if framework == 'paddle':
-        return x.numpy()
-    return x.detach().cpu().numpy()
+from conftest import cpu_devices, numpy, tensor
 
 
 def built_resnet(framework, d2l, devices=None, **kwargs):
