@@ -20,7 +20,7 @@ lib: setup  ## Regenerate d2l/{torch,mxnet,paddle}.py from the #@save cells
 	$(D2LBOOK) build lib
 
 eval: setup  ## Evaluate every tab of every section (quick mode without a GPU)
-	scripts/eval-tabs.sh _build
+	scripts/eval-tabs.sh
 
 html: eval  ## Render the HTML book with tab bars into _build/html (works offline)
 	scripts/build-html.sh
