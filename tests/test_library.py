@@ -54,3 +54,20 @@ def test_version_comes_from_config():
     config = configparser.ConfigParser()
     config.read(ROOT / 'config.ini')
     assert d2l.__version__ == config['project']['release']
+
+
+def test_make_targets_hand_the_build_scripts_a_book_root():
+    """`make -n` shows every script call; a root argument must hold config.ini."""
+    out = subprocess.run(['make', '-n', 'book', 'pdf'], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    calls = [line.split() for line in out.stdout.splitlines()
+             if any(s in line for s in ('eval-tabs.sh', 'build-html.sh',
+                                        'build-pdf.sh'))]
+    assert calls, out.stdout
+    for words in calls:
+        script = next(w for w in words if w.endswith('.sh'))
+        args = words[words.index(script) + 1:]
+        root = ROOT / args[0] if args else ROOT
+        assert (root / 'config.ini').is_file(), (
+            f'{" ".join(words)}: {root} is not a book root')
