@@ -6,7 +6,6 @@ BIN := $(CURDIR)/$(VENV)/bin
 export PYTHONPATH := $(CURDIR)
 export PATH := $(BIN):$(PATH)
 D2LBOOK := $(BIN)/python scripts/d2lbook
-TABS := pytorch mxnet paddle
 
 .PHONY: help setup lib eval html pdf book test test-unit test-notebooks test-browser test-pdf test-rendered bench clean
 
