@@ -26,6 +26,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+def _check_gpu_index(i):
+    """Reject a GPU index that is not a non-negative integer, saying so.
+
+    Defined in :numref:`sec_helpers`"""
+    if isinstance(i, bool) or not isinstance(i, int) or i < 0:
+        raise ValueError(f'GPU index i must be a non-negative integer, got '
+                         f'{i!r}')
+
 def num_gpus():
     """Count the GPUs this process can see.
 
@@ -36,8 +44,7 @@ def try_gpu(i=0):
     """Return GPU `i` if it exists, otherwise the CPU.
 
     Defined in :numref:`sec_helpers`"""
-    if i < 0:
-        raise ValueError(f'GPU index must be non-negative, got {i}')
+    _check_gpu_index(i)
     if i < num_gpus():
         return torch.device(f'cuda:{i}')
     return torch.device('cpu')
@@ -130,6 +137,9 @@ class Accumulator:
     """Keep running sums of `n` quantities."""
     def __init__(self, n):
         """Defined in :numref:`sec_helpers`"""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f'n (the number of sums) must be a positive '
+                             f'integer, got {n!r}')
         self.data = [0.0] * n
 
     def add(self, *args):
@@ -150,6 +160,10 @@ def _labels_and_predictions(y_hat, y, argmax):
     """`y_hat` as N predicted labels and `y` as N labels, or a ValueError.
 
     Defined in :numref:`sec_helpers`"""
+    for name, t in (('y_hat', y_hat), ('y', y)):
+        if not hasattr(t, 'shape') or not hasattr(t, 'reshape'):
+            raise TypeError(f'{name} must be a tensor of this framework, got '
+                            f'{type(t).__name__}')
     y_hat_shape, y_shape = tuple(y_hat.shape), tuple(y.shape)
     if len(y_hat_shape) == 2 and y_hat_shape[1] > 1:
         y_hat = argmax(y_hat)
@@ -172,6 +186,16 @@ def accuracy(y_hat, y):
     y_hat, y = _labels_and_predictions(y_hat, y, lambda t: t.argmax(dim=1))
     return float((y_hat.type(y.dtype) == y).sum())
 
+def _minibatches(data_iter):
+    """An iterator over `data_iter`, or a TypeError that names it.
+
+    Defined in :numref:`sec_helpers`"""
+    try:
+        return iter(data_iter)
+    except TypeError:
+        raise TypeError('data_iter must be an iterable of (X, y) minibatches, '
+                        f'got {type(data_iter).__name__}') from None
+
 def _fraction_correct(counts, data_iter):
     """correct / examples of an Accumulator filled from `data_iter`, or a ValueError.
 
@@ -193,18 +217,39 @@ def evaluate_accuracy_gpu(net, data_iter, device=None):
             device = first.device
     counts = Accumulator(2)  # correct predictions, examples
     with torch.no_grad():
-        for X, y in data_iter:
+        for X, y in _minibatches(data_iter):
             if device is not None:
                 X, y = X.to(device), y.to(device)
             counts.add(accuracy(net(X), y), y.numel())
     return _fraction_correct(counts, data_iter)
+
+def _check_sgd(params, lr, batch_size):
+    """Reject arguments of `sgd` that would corrupt the parameters, saying why.
+
+    Defined in :numref:`sec_helpers`"""
+    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or \
+            not lr >= 0 or lr == float('inf'):
+        raise ValueError(f'lr must be a finite non-negative number, got '
+                         f'{lr!r}')
+    if isinstance(batch_size, bool) or not isinstance(
+            batch_size, (int, float)) or not batch_size > 0:
+        raise ValueError(f'batch_size must be a positive number (the '
+                         f'examples the loss was summed over), got '
+                         f'{batch_size!r}')
+    params = list(params)
+    for i, param in enumerate(params):
+        if getattr(param, 'grad', None) is None:
+            raise ValueError(
+                f'params[{i}] has no gradient: compute the loss from it and '
+                f'call backward() before sgd (in MXNet, attach_grad() first)')
+    return params
 
 def sgd(params, lr, batch_size):
     """Minibatch SGD on raw tensors, in place; clears the gradients afterwards.
 
     Defined in :numref:`sec_helpers`"""
     with torch.no_grad():
-        for param in params:
+        for param in _check_sgd(params, lr, batch_size):
             param -= lr * param.grad / batch_size
             param.grad.zero_()
 
@@ -438,6 +483,9 @@ def read_idx_file(name):
     """Find, verify and parse one Fashion-MNIST IDX file into a NumPy array.
 
     Defined in :numref:`sec_helpers`"""
+    if name not in FASHION_MNIST_SHA256:
+        raise ValueError(f'name must be one of {sorted(FASHION_MNIST_SHA256)}'
+                         f', got {name!r}')
     search, target_dir = fashion_mnist_dirs()
     path = _find_idx_file(name, search)
     if path is None:
@@ -478,6 +526,10 @@ def train_epochs(num_epochs):
     """`num_epochs` in full mode; at most QUICK_MAX_EPOCHS in quick mode.
 
     Defined in :numref:`sec_helpers`"""
+    if isinstance(num_epochs, bool) or not isinstance(num_epochs, int) or \
+            num_epochs < 1:
+        raise ValueError(f'num_epochs must be a positive integer, got '
+                         f'{num_epochs!r}')
     return num_epochs if not quick_mode(num_gpus()) else min(
         num_epochs, QUICK_MAX_EPOCHS)
 
@@ -485,6 +537,10 @@ def balanced_subset(labels, per_class):
     """Indices of the first `per_class` examples of each class, in file order.
 
     Defined in :numref:`sec_helpers`"""
+    if isinstance(per_class, bool) or not isinstance(per_class, int) or \
+            per_class < 1:
+        raise ValueError(f'per_class must be a positive integer, got '
+                         f'{per_class!r}')
     picks = [(labels == c).nonzero()[0][:per_class].tolist()
              for c in sorted(set(labels.tolist()))]
     return sorted(i for pick in picks for i in pick)
@@ -521,7 +577,7 @@ def describe_mode(quick, n_train, n_test):
     return (f'Fashion-MNIST, full mode: {n_train} training and {n_test} '
             f'test images')
 
-def check_loader_args(batch_size, resize):
+def _check_loader_args(batch_size, resize):
     """Reject a batch size or resize target that cannot work, saying why.
 
     Defined in :numref:`sec_helpers`"""
@@ -541,7 +597,7 @@ def load_data_fashion_mnist(batch_size, resize=None):
     """Fashion-MNIST as (train, test) DataLoaders of (images, labels) minibatches.
 
     Defined in :numref:`sec_helpers`"""
-    size = check_loader_args(batch_size, resize)
+    size = _check_loader_args(batch_size, resize)
     quick = quick_mode(num_gpus())
     loaders, sizes = [], []
     for split in ('train', 'test'):
