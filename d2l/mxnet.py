@@ -70,6 +70,8 @@ def _device_name(device):
     """A short name for `device` and whether it is a GPU.
 
     Defined in :numref:`sec_helpers`"""
+    if not isinstance(device, mx.Context):
+        raise TypeError(f'not an MXNet context: {device!r}')
     return str(device), device.device_type == 'gpu'
 
 def _check_num_devices(num_devices, name='num_devices'):
@@ -91,7 +93,15 @@ def describe_devices(devices, num_asked=None):
                          f'as d2l.try_gpus(2), got {devices!r}')
     if num_asked is not None:
         _check_num_devices(num_asked, 'num_asked')
-    names, gpu = zip(*[_device_name(d) for d in devices])
+    named = []
+    for i, device in enumerate(devices):
+        try:
+            named.append(_device_name(device))
+        except (AttributeError, TypeError, ValueError, RuntimeError):
+            raise TypeError(f'devices[{i}] is not a device of this framework '
+                            f'({device!r}); build the list with '
+                            f'd2l.try_gpus(k)') from None
+    names, gpu = zip(*named)
     k = len(devices)
     if not any(gpu):
         where = 'no GPU found' if num_gpus() == 0 else 'GPUs not used'
