@@ -610,6 +610,10 @@ class ArrayDataset(paddle.io.Dataset):
     Defined in :numref:`sec_helpers`"""
     def __init__(self, *arrays):
         super().__init__()
+        lengths = [len(a) for a in arrays]
+        if not arrays or len(set(lengths)) != 1:
+            raise ValueError(f'arrays must be one or more arrays of equal '
+                             f'length, got lengths {lengths}')
         self.arrays = arrays
 
     def __getitem__(self, idx):

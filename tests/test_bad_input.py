@@ -11,6 +11,8 @@ error naming the argument. BAD_CALLS lists such calls, one row each:
 `fw` ('pytorch', 'mxnet' or 'paddle'); the test expects `error` with
 `fragment` in its message, in every framework. To sweep another section, add
 its rows to BAD_CALLS (or extend it from a list built elsewhere). Calls that
+of a helper that exists in one flavour only go into a list of their own
+(PADDLE_ONLY here). Calls that
 must keep working at the edge of their range go into EDGE_CALLS, as
 (section, function, label, call, check) rows, where `check(result, d2l, fw)`
 asserts the result is right.
@@ -159,6 +161,14 @@ BAD_CALLS = [
         lambda d2l, fw: d2l.train_epochs(2.5), ValueError, 'num_epochs'),
 ]
 
+PADDLE_ONLY = [
+    Bad('helpers', 'ArrayDataset', 'unequal lengths',
+        lambda d2l, fw: d2l.ArrayDataset(np.zeros(3), np.zeros(4)),
+        ValueError, 'equal length, got lengths [3, 4]'),
+    Bad('helpers', 'ArrayDataset', 'no arrays',
+        lambda d2l, fw: d2l.ArrayDataset(), ValueError, 'one or more arrays'),
+]
+
 EDGE_CALLS = [
     Edge('helpers', 'accuracy', 'no examples',
          lambda d2l, fw: d2l.accuracy(floats(fw, np.zeros((0, 3))),
@@ -192,6 +202,15 @@ def test_a_bad_call_raises_an_error_that_names_the_fix(framework, d2l, row,
                                                        quick):
     with pytest.raises(row.error) as info:
         row.call(d2l, framework)
+    assert row.fragment in str(info.value)
+
+
+@pytest.mark.parametrize('row', PADDLE_ONLY, ids=[_id(r) for r in PADDLE_ONLY])
+def test_a_bad_call_to_a_paddle_only_helper_names_the_fix(row):
+    import importlib
+    d2l = importlib.import_module('d2l.paddle')
+    with pytest.raises(row.error) as info:
+        row.call(d2l, 'paddle')
     assert row.fragment in str(info.value)
 
 
