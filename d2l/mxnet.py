@@ -622,6 +622,9 @@ def _check_reduce_args(data, devices):
         raise ValueError(f'data holds arrays of different shapes {shapes}; '
                          f'pass the same-shaped arrays of one parameter, one '
                          f'per device')
+    if devices is not None and not isinstance(devices, (list, tuple)):
+        raise ValueError(f'devices must be a list with one device per array, '
+                         f'or None; got {devices!r:.60}')
     if devices is not None and len(devices) != len(data):
         raise ValueError(f'devices names {len(devices)} devices for '
                          f'{len(data)} arrays in data; pass one device per '

@@ -6,6 +6,7 @@ sum of the data-parallel algorithm really runs.
 """
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from conftest import cpu_devices, numpy, tensor
 
@@ -404,6 +405,9 @@ BAD_CALLS = {
         lambda fw, d2l, im: d2l.ring_allreduce(_arrays(fw, [(3,), (3,)]),
                                                cpu_devices(fw, 3)),
         r'devices'),
+    'allreduce onto one device object': (
+        lambda fw, d2l, im: d2l.allreduce(_arrays(fw, [(3,), (3,)]),
+                                          cpu_devices(fw, 1)[0]), r'devices'),
     'shard_sizes over no parts': (lambda fw, d2l, im: d2l.shard_sizes(5, 0),
                                   r'\bk\b'),
     'shard_sizes of a negative count': (
@@ -489,3 +493,29 @@ def test_each_public_helper_has_one_signature_in_all_frameworks(name):
     first = _parameters(functions[0])
     assert all(_parameters(f) == first for f in functions[1:])
     assert all(f.__doc__.strip() for f in functions)
+
+
+# Property-based: any split, any number of devices, any shape.
+
+
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(0, 10_000), k=st.integers(1, 64))
+def test_shard_sizes_cover_every_item_once_for_any_n_and_k(n, k):
+    from d2l import torch as any_d2l  # pure Python, the same in every module
+    sizes = any_d2l.shard_sizes(n, k)
+    assert len(sizes) == k and sum(sizes) == n and min(sizes) >= 0
+    assert max(sizes) - min(sizes) <= 1
+
+
+@settings(max_examples=15, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(k=st.integers(1, 5),
+       shape=st.lists(st.integers(1, 6), min_size=1, max_size=3),
+       reducer=st.sampled_from(REDUCERS))
+def test_any_allreduce_leaves_the_true_sum_everywhere(framework, d2l, k,
+                                                     shape, reducer):
+    originals, total = reduce_random_arrays(framework, d2l, reducer,
+                                            tuple(shape), k)
+    for x in originals:
+        np.testing.assert_allclose(numpy(framework, x), total, rtol=0,
+                                   atol=TOL)
