@@ -822,7 +822,7 @@ def resnet18(num_classes, in_channels=1):
                                     (128, 256, True), (256, 512, True)]:
         # A stage's first block halves the resolution, widens the channels.
         net.add(d2l.Residual(in_c, out_c, use_1x1conv=downsample,
-                             stride=2 if downsample else 1),
+                             strides=2 if downsample else 1),
                 d2l.Residual(out_c, out_c))
     net.add(nn.GlobalAvgPool2D(), nn.Dense(num_classes, in_units=512))
     return net

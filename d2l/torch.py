@@ -819,7 +819,7 @@ def resnet18(num_classes, in_channels=1):
         # A stage's first block halves the resolution, widens the channels.
         layers.append(nn.Sequential(
             d2l.Residual(in_c, out_c, use_1x1conv=downsample,
-                         stride=2 if downsample else 1),
+                         strides=2 if downsample else 1),
             d2l.Residual(out_c, out_c)))
     layers += [nn.AdaptiveAvgPool2d((1, 1)), nn.Flatten(),
                nn.Linear(512, num_classes)]
