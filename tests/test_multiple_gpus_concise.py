@@ -433,6 +433,7 @@ def test_paddle_two_process_training_equals_in_process_training(quick,
     from d2l import paddle as d2l
     expected_loss, expected_weights = paddle_reference_training(
         d2l, batch_size=64, lr=0.1, num_epochs=2)
+    capfd.readouterr()  # what importing Paddle here printed is not the workers'
     for k in (1, 2):
         net, record = d2l.train_concise_spawn(
             small_paddle_net, cpu_devices('paddle', k), batch_size=64, lr=0.1,
@@ -456,6 +457,7 @@ def test_paddle_failing_worker_reports_its_error_and_leaves_nothing(
     import tempfile
     from d2l import paddle as d2l
     monkeypatch.setattr(tempfile, 'tempdir', str(tmp_path))
+    capfd.readouterr()  # what importing Paddle here printed is not the workers'
     with pytest.raises(Exception, match='this constructor fails on purpose'):
         d2l.train_concise_spawn(failing_paddle_net, cpu_devices('paddle', 2),
                                 batch_size=64, lr=0.1, num_epochs=1)
