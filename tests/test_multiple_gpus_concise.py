@@ -465,3 +465,74 @@ def test_paddle_failing_worker_reports_its_error_and_leaves_nothing(
     assert list(tmp_path.iterdir()) == []
     printed = ''.join(capfd.readouterr())
     assert not [word for word in NOISE if word in printed], printed
+
+
+def sleeping_paddle_net():
+    """A constructor that notes its process id and then waits to be stopped."""
+    import os
+    import time
+    folder = os.environ['CONCISE_TEST_PIDS']
+    with open(os.path.join(folder, f'{os.getpid()}.pid'), 'w'):
+        pass
+    time.sleep(120)
+
+
+INTERRUPTED_RUN = """
+import signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)
+sys.path.insert(0, {tests!r})
+import paddle
+from d2l import paddle as d2l
+import test_multiple_gpus_concise as t
+try:
+    d2l.train_concise_spawn(t.sleeping_paddle_net, [paddle.CPUPlace()] * 2,
+                            batch_size=64, lr=0.1, num_epochs=1)
+except KeyboardInterrupt:
+    print('interrupted')
+"""
+
+
+@pytest.mark.slow
+def test_interrupting_paddle_training_stops_its_processes(tmp_path):
+    """Ctrl-C (the notebook's interrupt button) in the parent stops every
+    worker and removes the temporary folder."""
+    import os
+    import pathlib
+    import signal
+    import subprocess
+    import sys
+    import time
+    pids, scratch = tmp_path / 'pids', tmp_path / 'tmp'
+    pids.mkdir()
+    scratch.mkdir()
+    env = dict(os.environ, CONCISE_TEST_PIDS=str(pids), TMPDIR=str(scratch),
+               PYTHONPATH=str(pathlib.Path(__file__).parent.parent))
+    script = INTERRUPTED_RUN.format(tests=str(pathlib.Path(__file__).parent))
+    parent = subprocess.Popen([sys.executable, '-c', script], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True)
+    try:
+        deadline = time.time() + 120
+        while len(list(pids.iterdir())) < 2 and time.time() < deadline:
+            time.sleep(0.5)
+        workers = [int(p.stem) for p in pids.iterdir()]
+        assert len(workers) == 2, parent.communicate(timeout=60)
+        parent.send_signal(signal.SIGINT)
+        out, err = parent.communicate(timeout=60)
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+    assert 'interrupted' in out, err
+    time.sleep(1)
+    assert not [pid for pid in workers if running(pid)]
+    assert list(scratch.iterdir()) == []
+
+
+def running(pid):
+    """Whether process `pid` exists and has not finished (a zombie has)."""
+    try:
+        with open(f'/proc/{pid}/stat') as stat:
+            return stat.read().rsplit(')', 1)[1].split()[0] not in 'ZX'
+    except FileNotFoundError:
+        return False
