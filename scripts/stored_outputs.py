@@ -60,6 +60,29 @@ FRAMEWORKS = {
 }
 FRAMEWORK_NAMES = {'pytorch': 'PyTorch', 'mxnet': 'MXNet', 'paddle': 'PaddlePaddle'}
 LOADER_LINE = re.compile(r'Fashion-MNIST, (?:quick|full) mode[^\n]*')
+# What no reader should see in an output: framework banners, glog-style C++
+# log lines (I1122 10:00:00.123 4567 file.cc:89] ...) and abort dumps.
+DIRTY = re.compile(
+    r'Modified FLAGS detected'
+    r'|^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+\s+[\w./-]+:\d+\]'
+    r'|FatalError|Process abort signal|\*\*\* Aborted at|C\+\+ Traceback'
+    r'|terminate called after throwing|Error Message Summary', re.M)
+
+
+def dirty_lines(text):
+    """The lines of TEXT that hold a banner, a C++ log line or an abort dump."""
+    return [line for line in text.splitlines() if DIRTY.search(line)]
+
+
+def output_texts(nb):
+    """Every text an output of NB shows (streams, text/plain, tracebacks)."""
+    for cell in code_cells(nb):
+        for out in cell.get('outputs', []):
+            yield _join(out.get('text', ''))
+            for mime, value in out.get('data', {}).items():
+                if mime.startswith('text/'):
+                    yield _join(value)
+            yield '\n'.join(out.get('traceback', []))
 
 
 # ---------------------------------------------------------------------------
@@ -162,6 +185,14 @@ def framework_versions(tab):
 
 def code_cells(nb):
     return [c for c in nb.cells if c.cell_type == 'code']
+
+
+def fixed_ids(nb):
+    """Cell ids from position and content (nbformat makes random ones), for byte-identical rebuilds."""
+    for i, cell in enumerate(nb.cells):
+        if 'id' in cell:
+            cell.id = sha256(f'{i}:{cell.cell_type}:{_join(cell.source)}')[:8]
+    return nb
 
 
 # ---------------------------------------------------------------------------
@@ -344,7 +375,7 @@ def assemble(book, page, tab, nb, stored, record):
             cell.metadata['tags'] = list(tags)
     nb.metadata['language_info'] = {'name': 'python'}
     nb.metadata[RECORD] = dict(record, source='stored')
-    return nbformat.writes(nb)
+    return nbformat.writes(fixed_ids(nb))
 
 
 def restore(book, verbose=True):
@@ -385,7 +416,7 @@ def restore(book, verbose=True):
 
 
 def _with_language(nb, record):
-    nb = copy.deepcopy(nb)
+    nb = fixed_ids(copy.deepcopy(nb))
     nb.metadata['language_info'] = {'name': 'python'}
     nb.metadata[RECORD] = record
     return nb
@@ -577,6 +608,11 @@ def publish(book, pages, tabs, timeout=None, classify=True):
             out_nb.write_text(dumps(normalise(full, roots)))
             book.stored_path(page, tab, '.json').write_text(
                 json.dumps(record, indent=1, sort_keys=True) + '\n')
+            dirty = [line for text in output_texts(full) for line in dirty_lines(text)]
+            if dirty:
+                print(f'publish: WARNING: {page} [{tab}] shows framework banners or C++ '
+                      f'log lines (tests/test_stored_outputs.py fails on them):\n  '
+                      + '\n  '.join(dirty[:10]))
             checked = sum(CHECK_TAG in c.metadata.get('tags', []) for c in code_cells(full))
             print(f'publish: stored {out_nb.relative_to(book.root)} ({round(seconds)} s, '
                   f'{checked} of {len(code_cells(full))} cells compared by nbval)')
