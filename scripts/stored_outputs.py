@@ -435,31 +435,40 @@ def write_fresh(target, text, not_before):
 # ---------------------------------------------------------------------------
 # annotate: one note per page on where its outputs come from
 
-def describe(record, tab):
-    name = FRAMEWORK_NAMES.get(tab, tab)
-    versions = ', '.join(f'{k} {v}' for k, v in record.get('key_parts', {}).get('versions', {}).items())
-    data = '; '.join(line.split(': ', 1)[-1] for line in record.get('data', [])) or None
-    if record.get('mode') == 'quick':
-        what = data or 'a small class-balanced subset'
-        return (f'{name}: quick run by the book build on {record["devices"]} '
-                f'({versions}; {what}; at most 2 epochs; {record["date"]})')
-    what = data or 'the full data'
-    return (f'{name}: full-mode run on {record["devices"]} ({versions}; {what}; '
-            f'epochs as in the code; {record["date"]})')
+def describe(group, frameworks):
+    """One sentence for the tabs whose outputs come from the same kind of run."""
+    mode, devices, data, date = group
+    names = ', '.join(frameworks)
+    if mode == 'quick':
+        what = f'{data}, ' if data else ''
+        return (f'Quick run by the book build on {devices}, {date}: {names}; '
+                f'{what}at most 2 epochs.')
+    what = f'{data}, ' if data else ''
+    return f'Full-mode run on {devices}, {date}: {names}; {what}epochs as written in the code.'
 
 
 def note_text(records):
     """The page's note, the same in every tab, from each tab's record."""
-    lines = [describe(rec, tab) for tab, rec in records]
-    quick = [FRAMEWORK_NAMES.get(tab, tab) for tab, rec in records if rec.get('mode') == 'quick']
-    if quick:
-        head = (f'**Outputs of this page come from a quick run** in '
-                f'{", ".join(quick)}: the stored full-mode outputs are missing or older '
-                f'than the code, so the build evaluated it on a small subset; its '
-                f'accuracies and timings are not the book\'s results.')
+    groups = {}
+    for tab, rec in records:
+        data = '; '.join(line.split(': ', 1)[-1] for line in rec.get('data', []))
+        versions = ', '.join(f'{k} {v}' for k, v in sorted(
+            rec.get('key_parts', {}).get('versions', {}).items(), key=lambda kv: kv[0] == 'numpy'))
+        group = (rec.get('mode'), rec.get('devices'), data, rec.get('date'))
+        groups.setdefault(group, []).append(f'{FRAMEWORK_NAMES.get(tab, tab)} ({versions})')
+    sentences = [describe(group, names) for group, names in groups.items()]
+    built = [FRAMEWORK_NAMES.get(tab, tab) for tab, rec in records
+             if rec.get('source') == 'evaluated']
+    if built:
+        kind = 'a quick run' if any(rec.get('mode') == 'quick' for _, rec in records) \
+            else 'this build\'s own run'
+        head = (f'**Outputs of this page come from {kind}** ({", ".join(built)}): the '
+                f'stored full-mode outputs are missing or older than the code, so the book '
+                f'build evaluated the page; its accuracies and timings are not the book\'s '
+                f'results.')
     else:
-        head = '*Where these outputs were computed.*'
-    return head + ' ' + ' '.join(line + '.' for line in lines)
+        head = '*Where these outputs come from.*'
+    return ' '.join([head] + sentences)
 
 
 def strip_note(nb):

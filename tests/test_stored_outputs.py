@@ -211,10 +211,11 @@ def test_the_build_evaluates_only_the_stale_page_and_labels_it(book, capsys):
         for tab in TABS:
             nb = nbformat.read(str(book.eval_path(f'chapter/{name}.md', tab)), as_version=4)
             text = '\n'.join(c.source for c in nb.cells if c.cell_type == 'markdown')
-            assert text.count('Where these outputs were computed') + text.count(
+            assert text.count('Where these outputs come from') + text.count(
                 'Outputs of this page come from a quick run') == 1
             assert ('quick run' in text) == quick
-            assert 'full-mode run on' in text and 'numpy' in text
+            assert 'Full-mode run on' in text and 'numpy' in text
+            assert ('Quick run by the book build' in text) == quick
             notes.add(nb.metadata[so.RECORD]['note'])
         assert len(notes) == 1, 'every tab of a page carries the same note, so the merge keeps one'
     # A second build changes nothing and keeps one note per page.
