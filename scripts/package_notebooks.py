@@ -63,7 +63,7 @@ def cleared(notebook_path):
             cell.execution_count = None
         else:
             if note:
-                cell.source = cell.source.replace('\n\n' + note + '\n', '', 1)
+                cell.source = cell.source.replace('\n' + note + '\n', '', 1)
             source = RUBRIC.sub(lambda m: '## ' + m[1].replace('``', '`'), cell.source)
             cell.source = HTML_ONLY.sub('', source)
     return nbformat.writes(nb)

@@ -471,23 +471,24 @@ def note_text(records):
     return ' '.join([head] + sentences)
 
 
+HEADING_LINES = re.compile(r'(?:(?:#|:label:)[^\n]*(?:\n|$))+')
+
+
 def strip_note(nb):
+    """NB as it was before add_note (which inserted '\\n' + note + '\\n')."""
     note = nb.metadata.get(RECORD, {}).get('note')
     if note and nb.cells and nb.cells[0].cell_type == 'markdown':
-        nb.cells[0].source = nb.cells[0].source.replace('\n\n' + note + '\n', '', 1)
+        nb.cells[0].source = nb.cells[0].source.replace('\n' + note + '\n', '', 1)
     return nb
 
 
 def add_note(nb, note):
-    """Put NOTE after the page's title and label (inside the first markdown cell)."""
+    """Put NOTE as a paragraph after the page's title and label, in the first markdown cell."""
     cell = nb.cells[0]
-    lines = cell.source.split('\n')
-    at = 0
-    while at < len(lines) and (lines[at].startswith('#') or lines[at].startswith(':label:')
-                               or not lines[at].strip()) and at < 3:
-        at += 1
-    head, rest = '\n'.join(lines[:at]).rstrip('\n'), '\n'.join(lines[at:])
-    cell.source = head + '\n\n' + note + '\n' + ('\n' + rest if rest else '')
+    heading = HEADING_LINES.match(cell.source)
+    at = heading.end() if heading else 0
+    # The blank line that followed the label now follows the note.
+    cell.source = cell.source[:at] + '\n' + note + '\n' + cell.source[at:]
     nb.metadata[RECORD]['note'] = note
     return nb
 

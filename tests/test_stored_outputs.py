@@ -309,3 +309,15 @@ def test_stored_outputs_show_no_banners_or_cpp_logs(path):
     nb = nbformat.read(str(path), as_version=4)
     dirty = [line for text in so.output_texts(nb) for line in so.dirty_lines(text)]
     assert dirty == [], f'{path} shows framework banners, C++ log lines or abort dumps'
+
+
+@pytest.mark.parametrize('source', ['# T\n:label:`sec_t`\n\nText.\nMore.', '# T\n\nText.', '# T'])
+def test_the_note_sits_under_the_title_and_comes_off_exactly(source):
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell(source)])
+    nb.metadata[so.RECORD] = {}
+    so.add_note(nb, 'Where these outputs come from. Here.')
+    noted = nb.cells[0].source
+    assert noted.count('Where these outputs come from') == 1
+    assert noted.index('Here.') > noted.index('# T') and noted.index('Here.') < len(noted) - len(
+        source.split('\n\n', 1)[-1]) + 1
+    assert so.strip_note(nb).cells[0].source == source
