@@ -7,7 +7,7 @@ export PYTHONPATH := $(CURDIR)
 export PATH := $(BIN):$(PATH)
 D2LBOOK := $(BIN)/python scripts/d2lbook
 
-.PHONY: help setup lib eval html pdf book test test-unit test-notebooks test-browser test-pdf test-rendered bench clean
+.PHONY: help setup lib eval html pdf book publish outputs-status test test-unit test-notebooks test-browser test-pdf test-rendered bench clean
 
 help:  ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
@@ -30,6 +30,13 @@ pdf: eval  ## Render the book as PDF, one per framework, into _build/pdf*
 
 book: lib html  ## Set up, build the library, evaluate every tab and render the HTML
 	@echo "The book is ready: open file://$(CURDIR)/_build/html/index.html"
+
+# PAGES: page sources (default: every page); TABS: pytorch mxnet paddle (default: all).
+publish: setup  ## Evaluate PAGES in TABS in full mode (D2L_QUICK=0) and store the outputs in outputs/
+	$(BIN)/python scripts/stored_outputs.py publish $(if $(PAGES),--pages $(PAGES)) $(if $(TABS),--tabs $(TABS))
+
+outputs-status: setup  ## Say for each page and tab whether its stored outputs match its code
+	$(BIN)/python scripts/stored_outputs.py status
 
 test: setup test-unit test-notebooks test-rendered  ## Unit tests; every notebook in quick mode under nbval; the rendered HTML and PDF
 

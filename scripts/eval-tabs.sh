@@ -1,12 +1,26 @@
 #!/usr/bin/env bash
 # Evaluate every tab of the book with d2lbook, in the book root given as $1
 # (default: this checkout). Outputs: _build/eval (pytorch), _build/eval_mxnet,
-# _build/eval_paddle. Only notebooks whose source changed are re-evaluated.
+# _build/eval_paddle.
+#
+# Stored outputs come first (scripts/stored_outputs.py): every page and tab
+# whose stored full-mode outputs in outputs/ match its code, its d2l module
+# and the framework versions is written from the store and not evaluated.
+# d2lbook then evaluates only the rest (quick mode without a GPU), and each
+# page gets its note on where its outputs come from. The script ends by
+# listing which pages were reused and which evaluated.
 set -euo pipefail
-root=$(cd "${1:-$(dirname "$0")/..}" && pwd)
+scripts=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "${1:-$scripts/..}" && pwd)
 cd "$root"
 export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
-for tab in pytorch mxnet paddle; do
+PYTHON=${PYTHON:-python}
+start=$SECONDS
+"$PYTHON" "$scripts/stored_outputs.py" restore "$root"
+tabs=$("$PYTHON" -c "import configparser; c = configparser.ConfigParser(); c.read('config.ini'); print(' '.join(t.strip() for t in c['build']['tabs'].split(',')))")
+for tab in $tabs; do
   echo "== evaluating the $tab tab"
-  python "$root/scripts/d2lbook" build eval --tab "$tab"
+  "$PYTHON" "$scripts/d2lbook" build eval --tab "$tab"
 done
+"$PYTHON" "$scripts/stored_outputs.py" annotate "$root"
+echo "eval-tabs: every tab of $root evaluated in $((SECONDS - start)) s"

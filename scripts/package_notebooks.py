@@ -7,8 +7,11 @@ For every tab in config.ini this writes OUT_DIR/<name>-<tab>.zip (default
 OUT_DIR: BOOK_ROOT/_build/html), holding one folder <name>-<tab>/ with the
 tab's evaluated notebooks (outputs cleared, so a reader runs them on their
 own hardware rather than reading this machine's quick-mode numbers), the
-`d2l` package they import, the images they show, and the files that install
-`d2l` (`pip install -e .`). The header links in config.ini point at these zips.
+`d2l` package they import, the images they show, the files a page reads or
+launches next to its notebook (`chapter_*/*.py`, such as the DDP launcher
+scripts), and the files that install `d2l` (`pip install -e .`). The header
+links in config.ini point at these zips. scripts/check_notebook_zips.py does
+with each zip what a new reader does: unzip, install, run every notebook.
 """
 import configparser
 import pathlib
@@ -51,11 +54,16 @@ TOC_TAB = re.compile(r':begin_tab:toc\n(.*?):end_tab:\n?', re.S)
 def cleared(notebook_path):
     """The notebook's text without outputs, execution counts and Sphinx-only markup."""
     nb = nbformat.read(str(notebook_path), as_version=4)
+    # The note on where the book's outputs were computed is not about the reader's run.
+    note = nb.metadata.get('d2l_outputs', {}).pop('note', None)
+    nb.metadata.pop('d2l_outputs', None)
     for cell in nb.cells:
         if cell.cell_type == 'code':
             cell.outputs = []
             cell.execution_count = None
         else:
+            if note:
+                cell.source = cell.source.replace('\n' + note + '\n', '', 1)
             source = RUBRIC.sub(lambda m: '## ' + m[1].replace('``', '`'), cell.source)
             cell.source = HTML_ONLY.sub('', source)
     return nbformat.writes(nb)
@@ -68,6 +76,18 @@ def untab_toc_lists(notebook_path):
         if cell.cell_type == 'markdown':
             cell.source = TOC_TAB.sub(r'\1', cell.source)
     notebook_path.write_text(nbformat.writes(nb))
+
+
+def chapter_files(root):
+    """Files next to the pages that are not pages: scripts a notebook runs or reads."""
+    files = []
+    for chapter in sorted(root.glob('chapter_*')):
+        for path in sorted(chapter.rglob('*')):
+            parts = set(path.relative_to(root).parts)
+            if (path.is_file() and path.suffix not in ('.md', '.ipynb', '.pyc')
+                    and not parts & {'__pycache__', '.ipynb_checkpoints'}):
+                files.append(path)
+    return files
 
 
 def add(archive, arcname, data):
@@ -106,6 +126,8 @@ def package_tab(root, name, tabs, tab, out_dir):
                     if path.is_file() and '__pycache__' not in path.parts:
                         add(archive, f'{folder}/{path.relative_to(root).as_posix()}',
                             path.read_bytes())
+            for path in chapter_files(root):
+                add(archive, f'{folder}/{path.relative_to(root).as_posix()}', path.read_bytes())
             for filename in EXTRA_FILES:
                 if (root / filename).is_file():
                     add(archive, f'{folder}/{filename}', (root / filename).read_bytes())

@@ -8,6 +8,8 @@ CHROMIUM names another binary. Pages are derived from the book's markdown
 sources, so a section added to chapter_multi_gpu/ is covered without editing
 this file.
 """
+import html as html_lib
+import importlib.util
 import json
 import os
 import pathlib
@@ -30,6 +32,10 @@ FRAMEWORKS = ('pytorch', 'mxnet', 'paddle')
 LOCAL_SCHEMES = ('data', 'blob', 'about')
 
 pytestmark = pytest.mark.browser
+
+_spec = importlib.util.spec_from_file_location('stored_outputs', ROOT / 'scripts' / 'stored_outputs.py')
+stored_outputs = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(stored_outputs)
 
 
 def book_pages():
@@ -370,9 +376,39 @@ def test_notebook_downloads_hold_each_frameworks_notebooks(html_dir):
                 assert folder + nb in names, f'{archive.name} lacks {nb}'
             assert folder + f'd2l/{modules[framework]}.py' in names
             assert folder + 'pyproject.toml' in names
+            # What a notebook launches or reads next to itself ships with it.
+            for script in sorted(ROOT.glob('chapter_*/*.py')):
+                assert folder + script.relative_to(ROOT).as_posix() in names, (
+                    f'{archive.name} lacks {script.relative_to(ROOT)}')
             with tempfile.TemporaryDirectory() as tmp:
                 z.extractall(tmp)
                 for nb in sources:
                     cells = json.loads((pathlib.Path(tmp) / folder / nb).read_text())['cells']
                     outputs = [c for c in cells if c.get('outputs')]
                     assert outputs == [], f'{nb} in {archive.name} still has outputs'
+
+
+def page_text(path):
+    """The text a reader sees on a built page, tags and entities resolved."""
+    body = re.sub(r'<(script|style)\b.*?</\1>', '', path.read_text(errors='replace'), flags=re.S)
+    return html_lib.unescape(re.sub(r'<[^>]+>', '', body))
+
+
+@pytest.mark.parametrize('page_path', book_pages())
+def test_outputs_show_no_framework_banners_or_cpp_logs(html_dir, page_path):
+    """No `Modified FLAGS detected`, glog-style C++ log line or abort dump reaches a page."""
+    path = html_dir / page_path
+    if not path.exists():
+        pytest.fail(f'{page_path} is missing from {html_dir}: the build dropped a page')
+    dirty = stored_outputs.dirty_lines(page_text(path))
+    assert dirty == [], f'{page_path} shows framework banners, C++ log lines or abort dumps'
+
+
+@pytest.mark.parametrize('page_path', section_pages())
+def test_each_section_says_once_where_its_outputs_come_from(html_dir, page_path):
+    text = re.sub(r'\s+', ' ', page_text(html_dir / page_path))
+    notes = text.count('Where these outputs come from') + text.count(
+        'Outputs of this page come from')
+    assert notes == 1, f'{page_path} has {notes} notes on where its outputs come from, not one'
+    assert re.search(r'(Full-mode run|Quick run by the book build) on .+, \d{4}-\d\d-\d\d:', text), (
+        f'{page_path} does not say on which devices and when its outputs were computed')

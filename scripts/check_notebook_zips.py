@@ -1,0 +1,133 @@
+#!/usr/bin/env python3
+"""Do with each framework's notebook zip what a new reader does, and run nbval there.
+
+    python scripts/check_notebook_zips.py BOOK_ROOT [--tabs pytorch ...]
+
+For every tab, BOOK_ROOT/_build/zips/<name>-<tab>.zip (made by
+scripts/package_notebooks.py from BOOK_ROOT's evaluated notebooks) is
+unzipped into an empty folder outside the repository, the `d2l` package it
+ships is installed from it (`pip install --no-deps --target`, into a folder of
+its own: the shared environment's editable `d2l` is never on the path), and
+every notebook is run there in quick mode under nbval, from the folder the
+reader would open it in.
+
+This is also the book's nbval run, so that no notebook is evaluated twice:
+before running, each unzipped notebook gets the outputs of the book's own
+evaluated copy (stored full-mode outputs where the store is current, else the
+build's quick run) for reference. Its code is checked to be the zip's, cell by
+cell. nbval runs in lax mode: every cell must run without error, and the cells
+tagged `nbval-check-output` by `make publish` (outputs that agree between full
+and quick mode: shapes, sizes, sums, messages) must print what was stored.
+"""
+import argparse
+import configparser
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+
+import nbformat
+
+SCRIPTS = pathlib.Path(__file__).resolve().parent
+
+
+def book_config(root):
+    config = configparser.ConfigParser()
+    config.read(root / 'config.ini')
+    tabs = [t.strip() for t in config['build']['tabs'].split(',') if t.strip()]
+    return config['project']['name'], tabs
+
+
+def eval_dir(root, tabs, tab):
+    return root / '_build' / ('eval' if tab == tabs[0] else f'eval_{tab}')
+
+
+def add_reference_outputs(notebook, evaluated):
+    """Give NOTEBOOK (from the zip) the outputs and nbval tags of the book's evaluated copy."""
+    nb = nbformat.read(str(notebook), as_version=4)
+    ref = nbformat.read(str(evaluated), as_version=4)
+    cells = [c for c in nb.cells if c.cell_type == 'code']
+    ref_cells = [c for c in ref.cells if c.cell_type == 'code']
+    if [c.source for c in cells] != [c.source for c in ref_cells]:
+        raise SystemExit(f'{notebook}: its code differs from the book\'s {evaluated}')
+    for count, (cell, old) in enumerate(zip(cells, ref_cells), 1):
+        cell.outputs = old.outputs
+        # nbval treats a cell without an execution count as never run.
+        cell.execution_count = count if old.outputs else None
+        tags = old.metadata.get('tags')
+        if tags:
+            cell.metadata['tags'] = tags
+    notebook.write_text(nbformat.writes(nb))
+
+
+def sanitize_config(path, roots):
+    """nbval's regex replacements: the same path and address clean-up as stored notebooks."""
+    entries = [(re.escape(str(r)), '<book>') for r in roots]
+    entries += [(r'\bat 0x[0-9a-fA-F]+', 'at 0x...'),
+                (r'/tmp/[\w.-]*?(?:tmp|pymp-|torchelastic_)[\w.-]*', '/tmp/...')]
+    path.write_text(''.join(f'[path{i}]\nregex: {regex}\nreplace: {replace}\n\n'
+                            for i, (regex, replace) in enumerate(entries)))
+
+
+def check_tab(root, name, tabs, tab, zip_dir, python):
+    archive = zip_dir / f'{name}-{tab}.zip'
+    if not archive.exists():
+        raise SystemExit(f'{archive} is missing: scripts/package_notebooks.py {root} {zip_dir}')
+    work = pathlib.Path(tempfile.mkdtemp(prefix=f'd2l-zip-{tab}-'))
+    try:
+        with zipfile.ZipFile(archive) as z:
+            z.extractall(work)
+        folder = work / f'{name}-{tab}'
+        site = work / 'site-packages'
+        print(f'== {archive.name}: unzipped into {folder}; installing its d2l', flush=True)
+        subprocess.run([python, '-m', 'pip', 'install', '-q', '--no-deps', '--no-build-isolation',
+                        '--no-input', '--target', str(site), str(folder)], check=True)
+        # PYTHONWARNINGS as `d2lbook build eval` sets it, which made the reference outputs.
+        env = dict(os.environ, PYTHONPATH=str(site), D2L_QUICK='1', PYTHONWARNINGS='ignore')
+        env.pop('PYTHONSTARTUP', None)
+        where = subprocess.run([python, '-c', 'import d2l; print(d2l.__file__)'], cwd=work,
+                               env=env, capture_output=True, text=True, check=True).stdout.strip()
+        if not where.startswith(str(site)):
+            raise SystemExit(f'{tab}: `import d2l` found {where}, not the zip\'s installed copy')
+        notebooks = sorted(p for p in folder.glob('chapter_*/*.ipynb'))
+        for nb in notebooks:
+            evaluated = eval_dir(root, tabs, tab) / nb.relative_to(folder)
+            if evaluated.exists() and evaluated.stat().st_size:
+                add_reference_outputs(nb, evaluated)
+        sanitize = work / 'sanitize.cfg'
+        sanitize_config(sanitize, [folder, site, root])
+        print(f'== nbval over the {len(notebooks)} {tab} notebooks in quick mode', flush=True)
+        result = subprocess.run(
+            [python, '-m', 'pytest', '-q', '-p', 'no:cacheprovider', '--rootdir', str(work),
+             '--nbval-lax', '--nbval-current-env', '--nbval-cell-timeout=1200',
+             '--nbval-sanitize-with', str(sanitize)] +
+            [str(p.relative_to(folder)) for p in notebooks],
+            cwd=folder, env=env)
+        return result.returncode
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument('root')
+    parser.add_argument('--tabs', nargs='+')
+    parser.add_argument('--zips', help='folder of the zips (default: BOOK_ROOT/_build/zips)')
+    args = parser.parse_args(argv)
+    root = pathlib.Path(args.root).resolve()
+    name, tabs = book_config(root)
+    zip_dir = pathlib.Path(args.zips).resolve() if args.zips else root / '_build' / 'zips'
+    failed = [tab for tab in (args.tabs or tabs)
+              if check_tab(root, name, tabs, tab, zip_dir, sys.executable) != 0]
+    if failed:
+        print(f'check_notebook_zips: notebooks failed in {", ".join(failed)}', file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

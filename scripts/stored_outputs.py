@@ -1,0 +1,673 @@
+#!/usr/bin/env python3
+"""Stored outputs: what readers see comes from full-mode runs kept in the repository.
+
+    python scripts/stored_outputs.py status   [BOOK_ROOT]
+    python scripts/stored_outputs.py restore  [BOOK_ROOT]   (before d2lbook build eval)
+    python scripts/stored_outputs.py annotate [BOOK_ROOT]   (after it)
+    python scripts/stored_outputs.py publish  [BOOK_ROOT] --pages P.md ... --tabs T ...
+    python scripts/stored_outputs.py normalise NOTEBOOK ...
+
+For every page and tab, `outputs/<tab>/<page>.ipynb` holds the code cells of
+that tab with the outputs of a full-mode run (D2L_QUICK=0), normalised so that
+a diff shows what changed, and `outputs/<tab>/<page>.json` the record of the
+run: its key and where it ran. The key is a hash of what produced the
+outputs: the tab's code cells as d2lbook executes them, the tab's `d2l`
+module, and the versions of the framework and NumPy.
+
+`restore` writes the evaluated notebook d2lbook would have written
+(`_build/eval[_<tab>]/<page>.ipynb`) from the current markdown and the stored
+outputs of every page whose key matches, newer than its sources, so that
+`d2lbook build eval` skips it; a page whose key differs is left to d2lbook,
+which evaluates it (quick mode without a GPU). `annotate` then adds to each
+page one short note on where its outputs were computed, and a visible notice
+on a page evaluated by the build rather than taken from the store, and prints
+which pages were reused and which evaluated.
+
+`publish` evaluates the chosen pages and tabs in full mode and stores them.
+It also runs each page once more in quick mode with no GPU visible, as CI
+does: the cells whose outputs agree between the two runs (shapes, sizes,
+sums, error messages) are tagged `nbval-check-output`, so that nbval compares
+them with a fresh quick run; training cells differ and are exempt. The tags
+are cell metadata, invisible on the page.
+"""
+import argparse
+import configparser
+import contextlib
+import copy
+import datetime
+import hashlib
+import importlib.metadata
+import json
+import os
+import pathlib
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+
+import nbformat
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+STORE = 'outputs'
+RECORD = 'd2l_outputs'          # notebook metadata key of the record
+CHECK_TAG = 'nbval-check-output'
+# The distributions whose versions enter a tab's key (the first found counts).
+FRAMEWORKS = {
+    'pytorch': ('torch',),
+    'mxnet': ('mxnet', 'mxnet-cu112', 'mxnet-cu110'),
+    'paddle': ('paddlepaddle', 'paddlepaddle-gpu'),
+}
+FRAMEWORK_NAMES = {'pytorch': 'PyTorch', 'mxnet': 'MXNet', 'paddle': 'PaddlePaddle'}
+LOADER_LINE = re.compile(r'Fashion-MNIST, (?:quick|full) mode[^\n]*')
+# What no reader should see in an output: framework banners, glog-style C++
+# log lines (I1122 10:00:00.123 4567 file.cc:89] ...) and abort dumps.
+DIRTY = re.compile(
+    r'Modified FLAGS detected'
+    r'|^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+\s+[\w./-]+:\d+\]'
+    r'|FatalError|Process abort signal|\*\*\* Aborted at|C\+\+ Traceback'
+    r'|terminate called after throwing|Error Message Summary', re.M)
+
+
+def dirty_lines(text):
+    """The lines of TEXT that hold a banner, a C++ log line or an abort dump."""
+    return [line for line in text.splitlines() if DIRTY.search(line)]
+
+
+def output_texts(nb):
+    """Every text an output of NB shows (streams, text/plain, tracebacks)."""
+    for cell in code_cells(nb):
+        for out in cell.get('outputs', []):
+            yield _join(out.get('text', ''))
+            for mime, value in out.get('data', {}).items():
+                if mime.startswith('text/'):
+                    yield _join(value)
+            yield '\n'.join(out.get('traceback', []))
+
+
+# ---------------------------------------------------------------------------
+# The book: pages, tabs and the notebooks d2lbook makes of them
+
+class Book:
+    """The pages and tabs of a book root, read as d2lbook reads them."""
+
+    def __init__(self, root):
+        from d2lbook.config import Config
+        self.root = pathlib.Path(root).resolve()
+        with chdir(self.root):
+            self.config = Config()
+        self.tabs = self.config.tabs
+        self.default_tab = self.config.default_tab
+        self.name = self.config.project['name']
+
+    def pages(self):
+        """Every notebook page, relative to the root, as `d2lbook build eval` finds them."""
+        from d2lbook.utils import find_files
+        build = self.config.build
+        with chdir(self.root):
+            files = find_files(build['notebooks'], build['source_dir'],
+                               build['exclusions'] + ' ' + build['non-notebooks'])
+        return sorted(pathlib.Path(os.path.normpath(f)).as_posix() for f in files)
+
+    def eval_path(self, page, tab):
+        folder = 'eval' if tab == self.default_tab else f'eval_{tab}'
+        return self.root / self.config.tgt_dir / folder / pathlib.Path(page).with_suffix('.ipynb')
+
+    def stored_path(self, page, tab, suffix='.ipynb'):
+        return self.root / STORE / tab / pathlib.Path(page).with_suffix(suffix)
+
+    def dependencies(self):
+        """Modification times of the files whose change makes d2lbook evaluate every page."""
+        from d2lbook.utils import find_files
+        with chdir(self.root):
+            return [os.path.getmtime(f) for f in
+                    find_files(self.config.build['dependencies'], self.config.build['source_dir'])]
+
+    def lib_file(self, tab):
+        return self.root / self.config.library[tab]['lib_file']
+
+    def tab_notebook(self, page, tab):
+        """The notebook `d2lbook build eval --tab TAB` executes for PAGE, or None."""
+        from d2lbook import library, notebook
+        nb = notebook.read_markdown((self.root / page).read_text())
+        nb = notebook.split_markdown_cell(nb)
+        nb = notebook.get_tab_notebook(nb, tab, self.default_tab)
+        if not nb:
+            return None
+        if tab in self.config.library:
+            nb = library.replace_alias(nb, self.config.library[tab])
+        return library.format_code_nb(nb)
+
+    def key(self, page, tab, nb=None):
+        """(key, parts): what produced the outputs of PAGE's TAB."""
+        nb = nb if nb is not None else self.tab_notebook(page, tab)
+        code = [c.source for c in nb.cells if c.cell_type == 'code']
+        parts = {
+            'code': sha256(json.dumps(code)),
+            'd2l': sha256(self.lib_file(tab).read_bytes()),
+            'versions': framework_versions(tab),
+        }
+        return sha256(json.dumps(parts, sort_keys=True)), parts
+
+    def record(self, page, tab):
+        path = self.stored_path(page, tab, '.json')
+        return json.loads(path.read_text()) if path.exists() else None
+
+
+@contextlib.contextmanager
+def chdir(path):
+    old = os.getcwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(old)
+
+
+def sha256(data):
+    if isinstance(data, str):
+        data = data.encode()
+    return hashlib.sha256(data).hexdigest()
+
+
+def framework_versions(tab):
+    """Versions of the tab's framework and NumPy, without a build's local label (+cpu, +cu128)."""
+    versions = {}
+    for dist in FRAMEWORKS.get(tab, ()) + ('numpy',):
+        try:
+            version = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        key = 'numpy' if dist == 'numpy' else FRAMEWORKS[tab][0]
+        versions.setdefault(key, version.split('+')[0])
+    return versions
+
+
+def code_cells(nb):
+    return [c for c in nb.cells if c.cell_type == 'code']
+
+
+def fixed_ids(nb):
+    """Cell ids from position and content (nbformat makes random ones), for byte-identical rebuilds."""
+    for i, cell in enumerate(nb.cells):
+        if 'id' in cell:
+            cell.id = sha256(f'{i}:{cell.cell_type}:{_join(cell.source)}')[:8]
+    return nb
+
+
+# ---------------------------------------------------------------------------
+# Normalising notebooks
+
+SVG_ID = re.compile(r'\bid="([^"]+)"')
+MPL_DATE = re.compile(r'\s*<dc:date>[^<]*</dc:date>')
+ADDRESS = re.compile(r'\bat 0x[0-9a-fA-F]+')
+TMP_PATH = re.compile(r'/tmp/[\w.-]*?(?:tmp|pymp-|torchelastic_)[\w.-]*')
+
+
+def renumber_svg_ids(svg):
+    """Give the ids of an SVG fixed names in order of appearance, references included."""
+    ids = list(dict.fromkeys(SVG_ID.findall(svg)))
+    if not ids:
+        return svg
+    names = {old: f'svg{i}' for i, old in enumerate(ids)}
+    # One pass over ids and #references keeps a new name from being renamed again.
+    pattern = re.compile(r'(\bid="|#)(' + '|'.join(re.escape(i) for i in
+                                                    sorted(ids, key=len, reverse=True)) + r')(?=["\)])')
+    return pattern.sub(lambda m: m[1] + names[m[2]], svg)
+
+
+def clean_text(text, roots=()):
+    for root in roots:
+        if root and len(str(root)) > 1:
+            text = text.replace(str(root), '<book>')
+    text = ADDRESS.sub('at 0x...', text)
+    return TMP_PATH.sub('/tmp/...', text)
+
+
+def _join(text):
+    return ''.join(text) if isinstance(text, list) else text
+
+
+def normalise_outputs(outputs, roots=()):
+    """Outputs as d2lbook keeps them (stderr shown as stdout), without what varies run to run."""
+    result = []
+    for out in outputs:
+        out = copy.deepcopy(out)
+        kind = out.get('output_type')
+        if kind == 'stream':
+            text = clean_text(_join(out.get('text', '')), roots)
+            if result and result[-1].get('output_type') == 'stream':
+                # How a stream is cut into messages depends on timing.
+                result[-1]['text'] += text
+                continue
+            result.append(nbformat.v4.new_output('stream', name='stdout', text=text))
+            continue
+        if kind in ('display_data', 'execute_result'):
+            data = {}
+            for mime, value in out.get('data', {}).items():
+                if mime.startswith('text/plain') and _join(value).startswith('HBox'):
+                    data = None  # a tqdm widget d2lbook drops too
+                    break
+                value = _join(value)
+                if mime == 'image/svg+xml':
+                    value = renumber_svg_ids(MPL_DATE.sub('', value))
+                elif mime.startswith('text/'):
+                    value = clean_text(value, roots)
+                data[mime] = value
+            if data is None:
+                continue
+            new = nbformat.v4.new_output('display_data', data=data)
+            if kind == 'execute_result':
+                new = nbformat.v4.new_output('execute_result', data=data, execution_count=None)
+            result.append(new)
+            continue
+        if kind == 'error':
+            result.append(nbformat.v4.new_output(
+                'error', ename=out.get('ename', ''), evalue=clean_text(out.get('evalue', ''), roots),
+                traceback=[clean_text(t, roots) for t in out.get('traceback', [])]))
+    return result
+
+
+def normalise(nb, roots=()):
+    """A stored notebook: code cells only, their outputs normalised, no volatile metadata."""
+    cells, ids = [], set()
+    for cell in code_cells(nb):
+        tags = [t for t in cell.get('metadata', {}).get('tags', []) if t.startswith('nbval')]
+        source = _join(cell.source)
+        new = nbformat.v4.new_code_cell(source=source,
+                                        metadata={'tags': sorted(set(tags))} if tags else {})
+        new.outputs = normalise_outputs(cell.get('outputs', []), roots)
+        # An id from the code, not a random one, so that adding a cell renames no other.
+        new.id = cell_id = sha256(source)[:8]
+        while new.id in ids:
+            new.id = sha256(new.id + cell_id)[:8]
+        ids.add(new.id)
+        cells.append(new)
+    out = nbformat.v4.new_notebook(cells=cells)
+    out.metadata = {'kernelspec': {'name': 'python3', 'display_name': 'Python 3',
+                                   'language': 'python'},
+                    'language_info': {'name': 'python'}}
+    return out
+
+
+def dumps(nb):
+    return nbformat.writes(nb, version=4) + '\n'
+
+
+def normalise_file(path):
+    nb = nbformat.read(str(path), as_version=4)
+    text = dumps(normalise(nb, roots=(ROOT,)))
+    if pathlib.Path(path).read_text() != text:
+        pathlib.Path(path).write_text(text)
+        return True
+    return False
+
+
+# ---------------------------------------------------------------------------
+# Where a run happened
+
+def machine():
+    """Devices of this machine, in words."""
+    gpus = []
+    try:
+        out = subprocess.run(['nvidia-smi', '--query-gpu=name', '--format=csv,noheader'],
+                             capture_output=True, text=True, timeout=30)
+        gpus = [line.strip() for line in out.stdout.splitlines() if line.strip()]
+    except (OSError, subprocess.SubprocessError):
+        pass
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in pathlib.Path('/proc/cpuinfo').read_text().splitlines():
+            if line.startswith('model name'):
+                cpu = line.split(':', 1)[1].strip()
+                break
+    except OSError:
+        pass
+    cpus = f'{os.cpu_count()} CPU cores ({cpu})'
+    if gpus:
+        names = sorted(set(gpus))
+        return f'{len(gpus)} x {" / ".join(names)}, {cpus}', len(gpus)
+    return f'{cpus}, no GPU', 0
+
+
+def quick_now(num_gpus):
+    flag = os.environ.get('D2L_QUICK', '').strip()
+    return flag == '1' if flag in ('0', '1') else num_gpus == 0
+
+
+def loader_lines(nb):
+    found = []
+    for cell in code_cells(nb):
+        for out in cell.get('outputs', []):
+            text = _join(out.get('text', '')) + _join(out.get('data', {}).get('text/plain', ''))
+            found += LOADER_LINE.findall(text)
+    return list(dict.fromkeys(line.rstrip() for line in found))
+
+
+def run_record(book, page, tab, nb, quick, when=None):
+    key, parts = book.key(page, tab)
+    devices, _ = machine()
+    return {
+        'page': page, 'tab': tab, 'key': key, 'key_parts': parts,
+        'mode': 'quick' if quick else 'full',
+        'date': (when or datetime.datetime.now(datetime.timezone.utc)).strftime('%Y-%m-%d'),
+        'devices': devices,
+        'python': platform.python_version(),
+        'data': loader_lines(nb),
+        'env': {k: v for k, v in sorted(os.environ.items())
+                if k.startswith('D2L_') or k == 'CUDA_VISIBLE_DEVICES'},
+    }
+
+
+# ---------------------------------------------------------------------------
+# restore: stored outputs into the eval folders
+
+def assemble(book, page, tab, nb, stored, record):
+    """The evaluated notebook d2lbook would write, outputs taken from STORED."""
+    nb = copy.deepcopy(nb)
+    cells, saved = code_cells(nb), code_cells(stored)
+    if [c.source for c in cells] != [c.source for c in saved]:
+        raise ValueError(f'{page} [{tab}]: stored code differs from the page although the keys match')
+    for cell, old in zip(cells, saved):
+        cell.outputs = copy.deepcopy(old.outputs)
+        tags = old.get('metadata', {}).get('tags')
+        if tags:
+            cell.metadata['tags'] = list(tags)
+    nb.metadata['language_info'] = {'name': 'python'}
+    nb.metadata[RECORD] = dict(record, source='stored')
+    return nbformat.writes(fixed_ids(nb))
+
+
+def restore(book, verbose=True):
+    """Write every page and tab whose stored key matches; drop stale restored ones."""
+    deps = book.dependencies()
+    report = {'stored': [], 'no code': [], 'stale': [], 'missing': []}
+    for page in book.pages():
+        for tab in book.tabs:
+            nb = book.tab_notebook(page, tab)
+            if nb is None:
+                continue
+            target = book.eval_path(page, tab)
+            newest_source = max([(book.root / page).stat().st_mtime] + deps)
+            if not code_cells(nb):
+                text = nbformat.writes(_with_language(nb, {'source': 'no code'}))
+                write_fresh(target, text, newest_source)
+                report['no code'].append((page, tab))
+                continue
+            record = book.record(page, tab)
+            key, _ = book.key(page, tab, nb)
+            stored_nb = book.stored_path(page, tab)
+            if record and record.get('key') == key and stored_nb.exists():
+                stored = nbformat.read(str(stored_nb), as_version=4)
+                write_fresh(target, assemble(book, page, tab, nb, stored, record), newest_source)
+                report['stored'].append((page, tab))
+                continue
+            report['stale' if record else 'missing'].append((page, tab))
+            if target.exists() and target.stat().st_size:
+                old = nbformat.read(str(target), as_version=4)
+                if old.metadata.get(RECORD, {}).get('source') in ('stored', 'no code'):
+                    target.unlink()  # d2lbook evaluates it again
+    if verbose:
+        print(f'stored outputs: {len(report["stored"])} page tabs reused from {STORE}/, '
+              f'{len(report["stale"]) + len(report["missing"])} to evaluate')
+        for page, tab in report['stale']:
+            print(f'  stale (code, d2l or versions changed): {page} [{tab}]')
+    return report
+
+
+def _with_language(nb, record):
+    nb = fixed_ids(copy.deepcopy(nb))
+    nb.metadata['language_info'] = {'name': 'python'}
+    nb.metadata[RECORD] = record
+    return nb
+
+
+def write_fresh(target, text, not_before):
+    """Write TEXT unless it is there already, and keep the file newer than the sources."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if not target.exists() or target.read_text() != text:
+        target.write_text(text)
+    now = max(datetime.datetime.now().timestamp(), not_before + 1)
+    if target.stat().st_mtime <= not_before:
+        os.utime(target, (now, now))
+
+
+# ---------------------------------------------------------------------------
+# annotate: one note per page on where its outputs come from
+
+def describe(group, frameworks):
+    """One sentence for the tabs whose outputs come from the same kind of run."""
+    mode, devices, data, date = group
+    names = ', '.join(frameworks)
+    if mode == 'quick':
+        what = f'{data}, ' if data else ''
+        return (f'Quick run by the book build on {devices}, {date}: {names}; '
+                f'{what}at most 2 epochs.')
+    what = f'{data}, ' if data else ''
+    return f'Full-mode run on {devices}, {date}: {names}; {what}epochs as written in the code.'
+
+
+def note_text(records):
+    """The page's note, the same in every tab, from each tab's record."""
+    groups = {}
+    for tab, rec in records:
+        data = '; '.join(line.split(': ', 1)[-1] for line in rec.get('data', []))
+        versions = ', '.join(f'{k} {v}' for k, v in sorted(
+            rec.get('key_parts', {}).get('versions', {}).items(), key=lambda kv: kv[0] == 'numpy'))
+        group = (rec.get('mode'), rec.get('devices'), data, rec.get('date'))
+        groups.setdefault(group, []).append(f'{FRAMEWORK_NAMES.get(tab, tab)} ({versions})')
+    sentences = [describe(group, names) for group, names in groups.items()]
+    built = [FRAMEWORK_NAMES.get(tab, tab) for tab, rec in records
+             if rec.get('source') == 'evaluated']
+    if built:
+        kind = 'a quick run' if any(rec.get('mode') == 'quick' for _, rec in records) \
+            else 'this build\'s own run'
+        head = (f'**Outputs of this page come from {kind}** ({", ".join(built)}): the '
+                f'stored full-mode outputs are missing or older than the code, so the book '
+                f'build evaluated the page; its accuracies and timings are not the book\'s '
+                f'results.')
+    else:
+        head = '*Where these outputs come from.*'
+    return ' '.join([head] + sentences)
+
+
+HEADING_LINES = re.compile(r'(?:(?:#|:label:)[^\n]*(?:\n|$))+')
+
+
+def strip_note(nb):
+    """NB as it was before add_note (which inserted '\\n' + note + '\\n')."""
+    note = nb.metadata.get(RECORD, {}).get('note')
+    if note and nb.cells and nb.cells[0].cell_type == 'markdown':
+        nb.cells[0].source = nb.cells[0].source.replace('\n' + note + '\n', '', 1)
+    return nb
+
+
+def add_note(nb, note):
+    """Put NOTE as a paragraph after the page's title and label, in the first markdown cell."""
+    cell = nb.cells[0]
+    heading = HEADING_LINES.match(cell.source)
+    at = heading.end() if heading else 0
+    # The blank line that followed the label now follows the note.
+    cell.source = cell.source[:at] + '\n' + note + '\n' + cell.source[at:]
+    nb.metadata[RECORD]['note'] = note
+    return nb
+
+
+def annotate(book, verbose=True):
+    num_devices = None
+    evaluated, reused, earlier = [], [], []
+    for page in book.pages():
+        notebooks = {}
+        for tab in book.tabs:
+            path = book.eval_path(page, tab)
+            if not path.exists() or not path.stat().st_size:
+                continue
+            nb = nbformat.read(str(path), as_version=4)
+            record = nb.metadata.get(RECORD)
+            if record is None:  # evaluated by d2lbook in this build
+                if num_devices is None:
+                    _, num_devices = machine()
+                mtime = datetime.datetime.fromtimestamp(path.stat().st_mtime, datetime.timezone.utc)
+                record = dict(run_record(book, page, tab, nb, quick_now(num_devices), mtime),
+                              source='evaluated')
+                nb.metadata[RECORD] = record
+                evaluated.append((page, tab))
+            elif record.get('source') == 'stored':
+                reused.append((page, tab))
+            elif record.get('source') == 'evaluated':
+                earlier.append((page, tab))
+            notebooks[tab] = (path, strip_note(nb))
+        records = [(tab, nb.metadata[RECORD]) for tab, (_, nb) in notebooks.items()
+                   if nb.metadata[RECORD].get('source') != 'no code']
+        note = note_text(records) if records else None
+        for tab, (path, nb) in notebooks.items():
+            if note and nb.cells and nb.cells[0].cell_type == 'markdown':
+                add_note(nb, note)
+            else:
+                nb.metadata[RECORD].pop('note', None)
+            text = nbformat.writes(nb)
+            if path.read_text() != text:
+                mtime = path.stat().st_mtime
+                path.write_text(text)
+                os.utime(path, (mtime, mtime))  # keep d2lbook's view of freshness
+    if verbose:
+        def show(label, items):
+            print(f'{label}: {len(items)}')
+            for page, tab in items:
+                print(f'  {page} [{tab}]')
+        show('reused stored outputs', reused)
+        show('evaluated in this build (the page says so)', evaluated)
+        if earlier:
+            show('kept from an earlier build\'s evaluation (the page says so)', earlier)
+    return reused, evaluated, earlier
+
+
+# ---------------------------------------------------------------------------
+# publish: evaluate in full mode and store
+
+def execute(book, page, tab, nb, env, timeout=None):
+    """Run NB as d2lbook does (in the eval folder, PYTHONPATH at the book root)."""
+    from nbclient import NotebookClient
+    nb = copy.deepcopy(nb)
+    workdir = book.eval_path(page, tab).parent
+    workdir.mkdir(parents=True, exist_ok=True)
+    saved = dict(os.environ)
+    os.environ.update(env)
+    os.environ['PYTHONPATH'] = str(book.root) + os.pathsep + saved.get('PYTHONPATH', '')
+    os.environ['PYTHONWARNINGS'] = 'ignore'
+    try:
+        NotebookClient(nb, timeout=timeout, kernel_name='python3',
+                       resources={'metadata': {'path': str(workdir)}}).execute()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    return nb
+
+
+def matplotlib_env(tmp):
+    """Fixed SVG ids from matplotlib, so that a rerun of a figure diffs as unchanged."""
+    (tmp / 'matplotlibrc').write_text('svg.hashsalt: d2l-stored-outputs\n')
+    return {'MPLCONFIGDIR': str(tmp)}
+
+
+def single_stream(cell):
+    streams = [o for o in cell.outputs if o.get('output_type') == 'stream']
+    return len(streams) <= 1 and all(o.get('name') == 'stdout' for o in streams)
+
+
+def publish(book, pages, tabs, timeout=None, classify=True):
+    stored = []
+    for page in pages:
+        page = pathlib.Path(os.path.relpath((book.root / page).resolve(), book.root)).as_posix()
+        if page not in book.pages():
+            raise SystemExit(f'publish: {page} is not a page of the book (config.ini [build])')
+        for tab in tabs:
+            if tab not in book.tabs:
+                raise SystemExit(f'publish: unknown tab {tab!r}; the tabs are {book.tabs}')
+            nb = book.tab_notebook(page, tab)
+            if nb is None or not code_cells(nb):
+                print(f'publish: {page} has no {tab} code; nothing to store')
+                continue
+            with tempfile.TemporaryDirectory() as tmp:
+                env = matplotlib_env(pathlib.Path(tmp))
+                began = datetime.datetime.now(datetime.timezone.utc)
+                print(f'publish: {page} [{tab}] in full mode ...', flush=True)
+                full = execute(book, page, tab, nb, dict(env, D2L_QUICK='0'), timeout)
+                seconds = (datetime.datetime.now(datetime.timezone.utc) - began).total_seconds()
+                if classify:
+                    print(f'publish: {page} [{tab}] in quick mode without a GPU, to find the '
+                          f'cells nbval can compare ...', flush=True)
+                    quick = execute(book, page, tab, nb,
+                                    dict(env, D2L_QUICK='1', CUDA_VISIBLE_DEVICES=''), timeout)
+            roots = (book.root,)
+            if classify:
+                for cell, fast in zip(code_cells(full), code_cells(quick)):
+                    same = (normalise_outputs(cell.outputs, roots)
+                            == normalise_outputs(fast.outputs, roots))
+                    tags = [t for t in cell.metadata.get('tags', []) if t != CHECK_TAG]
+                    if same and single_stream(fast) and not any(
+                            o.get('output_type') == 'error' or
+                            any(m.startswith('image/') for m in o.get('data', {}))
+                            for o in fast.outputs):
+                        tags.append(CHECK_TAG)
+                    cell.metadata['tags'] = tags
+            record = run_record(book, page, tab, full, quick=False, when=began)
+            record['seconds'] = round(seconds)
+            out_nb = book.stored_path(page, tab)
+            out_nb.parent.mkdir(parents=True, exist_ok=True)
+            out_nb.write_text(dumps(normalise(full, roots)))
+            book.stored_path(page, tab, '.json').write_text(
+                json.dumps(record, indent=1, sort_keys=True) + '\n')
+            dirty = [line for text in output_texts(full) for line in dirty_lines(text)]
+            if dirty:
+                print(f'publish: WARNING: {page} [{tab}] shows framework banners or C++ '
+                      f'log lines (tests/test_stored_outputs.py fails on them):\n  '
+                      + '\n  '.join(dirty[:10]))
+            checked = sum(CHECK_TAG in c.metadata.get('tags', []) for c in code_cells(full))
+            print(f'publish: stored {out_nb.relative_to(book.root)} ({round(seconds)} s, '
+                  f'{checked} of {len(code_cells(full))} cells compared by nbval)')
+            stored.append(out_nb)
+    return stored
+
+
+def status(book):
+    for page in book.pages():
+        for tab in book.tabs:
+            nb = book.tab_notebook(page, tab)
+            if nb is None or not code_cells(nb):
+                continue
+            record = book.record(page, tab)
+            key, _ = book.key(page, tab, nb)
+            state = ('missing' if record is None else
+                     'stored' if record.get('key') == key else 'stale')
+            print(f'{state:8} {page} [{tab}]')
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest='command', required=True)
+    for name in ('status', 'restore', 'annotate'):
+        sub.add_parser(name).add_argument('root', nargs='?', default=str(ROOT))
+    pub = sub.add_parser('publish')
+    pub.add_argument('root', nargs='?', default=str(ROOT))
+    pub.add_argument('--pages', nargs='+', help='page sources (default: every page)')
+    pub.add_argument('--tabs', nargs='+')
+    pub.add_argument('--timeout', type=int, default=None, help='seconds per cell (default: none)')
+    norm = sub.add_parser('normalise')
+    norm.add_argument('notebooks', nargs='+')
+    args = parser.parse_args(argv)
+    if args.command == 'normalise':
+        for path in args.notebooks:
+            if normalise_file(path):
+                print(f'normalised {path}')
+        return 0
+    book = Book(args.root)
+    if args.command == 'publish':
+        publish(book, args.pages or book.pages(), args.tabs or book.tabs, args.timeout)
+    else:
+        {'status': status, 'restore': restore, 'annotate': annotate}[args.command](book)
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
