@@ -1064,3 +1064,145 @@ def ddp_script_path(framework='paddle'):
         raise ValueError(f"framework must be 'torch' or 'paddle', got {framework!r}")
     book_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     return os.path.join(book_root, 'chapter_multi_gpu', names[framework])
+
+import math
+
+def _check_per_device(data, name):
+    """Reject an empty list or tensors of different shapes, naming the argument.
+
+    Defined in :numref:`sec_sharded_data_parallel`"""
+    if len(data) == 0:
+        raise ValueError(f'{name} is empty; pass one tensor per device')
+    if any(list(x.shape) != list(data[0].shape) for x in data):
+        raise ValueError(f'{name} must hold tensors of one shape, got '
+                         f'{[list(x.shape) for x in data]}')
+
+def reduce_scatter(data):
+    """Sum same-shaped tensors on k devices; device i receives shard i of the flat sum.
+
+    Defined in :numref:`sec_sharded_data_parallel`"""
+    _check_per_device(data, 'data')
+    bounds = np.cumsum([0] + shard_sizes(data[0].size, len(data))).tolist()
+    shards = []
+    with paddle.no_grad():
+        for i, x in enumerate(data):
+            with paddle.device.device_guard(x.place):
+                lo, hi = bounds[i], bounds[i + 1]
+                total = x.reshape([-1])[lo:hi].clone()
+                for j, other in enumerate(data):
+                    if j != i:  # shard i of device j travels to device i
+                        total += other.reshape([-1])[lo:hi].to(x.place)
+            shards.append(total)
+    return shards
+
+def all_gather(shards):
+    """Concatenate the flat shards of k devices into the full flat tensor on every device.
+
+    Defined in :numref:`sec_sharded_data_parallel`"""
+    if len(shards) == 0 or any(len(s.shape) != 1 for s in shards):
+        raise ValueError('shards must be a non-empty list of 1-D tensors, '
+                         'one per device (flatten them first)')
+    gathered = []
+    for x in shards:
+        with paddle.device.device_guard(x.place):
+            gathered.append(paddle.concat([s.detach().to(x.place)
+                                           for s in shards]))
+    return gathered
+
+def unflatten(flat, shapes):
+    """Views of the flat tensor `flat` in the given `shapes`, in order.
+
+    Defined in :numref:`sec_sharded_data_parallel`"""
+    sizes = [math.prod(shape) for shape in shapes]
+    if flat.size != sum(sizes):
+        raise ValueError(f'flat has {flat.size} elements but the shapes '
+                         f'need {sum(sizes)}')
+    return [p.reshape(list(shape))
+            for p, shape in zip(paddle.split(flat, sizes), shapes)]
+
+def lenet_flat_grad(flat, X, y):
+    """Gradient of LeNet's summed loss on (X, y) at the flat parameters `flat`.
+
+    Defined in :numref:`sec_sharded_data_parallel`"""
+    with paddle.device.device_guard(flat.place):
+        w = flat.detach()
+        w.stop_gradient = False
+        cross_entropy_sum(lenet(X, unflatten(w, LENET_SHAPES)), y).backward()
+    return w.grad
+
+def check_stage(stage):
+    """Reject a ZeRO stage other than 0 (plain data parallelism), 1, 2 or 3.
+
+    Defined in :numref:`sec_sharded_data_parallel`"""
+    if isinstance(stage, bool) or not isinstance(stage, int) \
+            or not 0 <= stage <= 3:
+        raise ValueError(f'stage must be 0 (plain data parallelism), 1, 2 '
+                         f'or 3, got {stage!r}')
+
+def zero_init(params, devices, stage):
+    """Each device's flat parameters, gradients and momentum, sharded as ZeRO `stage` says.
+
+    Defined in :numref:`sec_sharded_data_parallel`"""
+    check_stage(stage)
+    flat = paddle.concat([p.detach().reshape([-1]) for p in params])
+    bounds = np.cumsum([0] + shard_sizes(flat.size, len(devices))).tolist()
+    states = []
+    for i, device in enumerate(devices):
+        with paddle.device.device_guard(device):
+            mine = flat[bounds[i]:bounds[i + 1]].clone().to(device)
+            full = mine if stage == 3 else flat.clone().to(device)
+            states.append({'params': full,
+                           'grads': paddle.zeros_like(mine if stage >= 2 else full),
+                           'momentum': paddle.zeros_like(mine if stage >= 1 else full)})
+    return states
+
+def zero_step(X, y, states, devices, stage, lr, momentum=0.9):
+    """One momentum-SGD step of LeNet on k devices with ZeRO `stage` (0: plain data parallelism).
+
+    Defined in :numref:`sec_sharded_data_parallel`"""
+    check_stage(stage)
+    X_shards, y_shards = split_batch(X, y, devices)
+    fulls = [s['params'] for s in states]
+    if stage == 3:  # gathered just before use ...
+        fulls = all_gather(fulls)
+    grads = [lenet_flat_grad(w, X_s, y_s)
+             for w, X_s, y_s in zip(fulls, X_shards, y_shards)]
+    del fulls  # ... and freed right after
+    if stage <= 1:
+        allreduce(grads)
+    else:
+        grads = reduce_scatter(grads)
+    bounds = np.cumsum([0] + shard_sizes(
+        sum(math.prod(shape) for shape in LENET_SHAPES), len(devices)))
+    owned = [slice(int(lo), int(hi)) for lo, hi in zip(bounds, bounds[1:])]
+    with paddle.no_grad():
+        for s, g, own, device in zip(states, grads, owned, devices):
+            with paddle.device.device_guard(device):
+                s['grads'][:] = g
+                g = s['grads'][own] if stage == 1 else s['grads']
+                s['momentum'][:] = momentum * s['momentum'] + g / X.shape[0]
+                if stage in (1, 2):  # slice assignment writes into the state
+                    s['params'][own] = s['params'][own] - lr * s['momentum']
+                else:
+                    s['params'][:] = s['params'] - lr * s['momentum']
+        if stage in (1, 2):  # everybody needs everybody's new parameters
+            new = all_gather([s['params'][own]
+                              for s, own in zip(states, owned)])
+            for s, w, device in zip(states, new, devices):
+                with paddle.device.device_guard(device):
+                    s['params'][:] = w
+
+def state_bytes(state):
+    """Bytes that one device's ZeRO state holds, per kind of tensor.
+
+    Defined in :numref:`sec_sharded_data_parallel`"""
+    return {kind: x.size * x.element_size() for kind, x in state.items()}
+
+def zero_params(states, stage):
+    """The full flat parameters of a ZeRO run as a NumPy array, sharded or not.
+
+    Defined in :numref:`sec_sharded_data_parallel`"""
+    check_stage(stage)
+    if stage == 3:
+        return np.concatenate([s['params'].numpy() for s in states])
+    return states[0]['params'].numpy()

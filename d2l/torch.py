@@ -1126,3 +1126,176 @@ def ddp_script_path(framework='torch'):
         raise ValueError(f"framework must be 'torch' or 'paddle', got {framework!r}")
     book_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     return os.path.join(book_root, 'chapter_multi_gpu', names[framework])
+
+import math
+import torch.nn.functional as F
+from torch.distributed.fsdp import fully_shard
+
+def _check_per_device(data, name):
+    """Reject an empty list or tensors of different shapes, naming the argument.
+
+    Defined in :numref:`sec_sharded_data_parallel`"""
+    if len(data) == 0:
+        raise ValueError(f'{name} is empty; pass one tensor per device')
+    if any(tuple(x.shape) != tuple(data[0].shape) for x in data):
+        raise ValueError(f'{name} must hold tensors of one shape, got '
+                         f'{[tuple(x.shape) for x in data]}')
+
+def reduce_scatter(data):
+    """Sum same-shaped tensors on k devices; device i receives shard i of the flat sum.
+
+    Defined in :numref:`sec_sharded_data_parallel`"""
+    _check_per_device(data, 'data')
+    sizes = shard_sizes(data[0].numel(), len(data))
+    pieces = [x.detach().reshape(-1).split(sizes) for x in data]
+    shards = []
+    for i, x in enumerate(data):
+        total = pieces[i][i].clone()
+        for j in range(len(data)):
+            if j != i:  # shard i of device j travels to device i
+                total += pieces[j][i].to(x.device)
+        shards.append(total)
+    return shards
+
+def all_gather(shards):
+    """Concatenate the flat shards of k devices into the full flat tensor on every device.
+
+    Defined in :numref:`sec_sharded_data_parallel`"""
+    if len(shards) == 0 or any(s.dim() != 1 for s in shards):
+        raise ValueError('shards must be a non-empty list of 1-D tensors, '
+                         'one per device (flatten them first)')
+    return [torch.cat([s.detach().to(x.device) for s in shards])
+            for x in shards]
+
+def unflatten(flat, shapes):
+    """Views of the flat tensor `flat` in the given `shapes`, in order.
+
+    Defined in :numref:`sec_sharded_data_parallel`"""
+    sizes = [math.prod(shape) for shape in shapes]
+    if flat.numel() != sum(sizes):
+        raise ValueError(f'flat has {flat.numel()} elements but the shapes '
+                         f'need {sum(sizes)}')
+    return [p.reshape(shape) for p, shape in zip(flat.split(sizes), shapes)]
+
+def lenet_flat_grad(flat, X, y):
+    """Gradient of LeNet's summed loss on (X, y) at the flat parameters `flat`.
+
+    Defined in :numref:`sec_sharded_data_parallel`"""
+    w = flat.detach().requires_grad_()
+    cross_entropy_sum(lenet(X, unflatten(w, LENET_SHAPES)), y).backward()
+    return w.grad
+
+def check_stage(stage):
+    """Reject a ZeRO stage other than 0 (plain data parallelism), 1, 2 or 3.
+
+    Defined in :numref:`sec_sharded_data_parallel`"""
+    if isinstance(stage, bool) or not isinstance(stage, int) \
+            or not 0 <= stage <= 3:
+        raise ValueError(f'stage must be 0 (plain data parallelism), 1, 2 '
+                         f'or 3, got {stage!r}')
+
+def zero_init(params, devices, stage):
+    """Each device's flat parameters, gradients and momentum, sharded as ZeRO `stage` says.
+
+    Defined in :numref:`sec_sharded_data_parallel`"""
+    check_stage(stage)
+    flat = torch.cat([p.detach().reshape(-1) for p in params])
+    own = flat.split(shard_sizes(flat.numel(), len(devices)))
+    states = []
+    for i, device in enumerate(devices):
+        mine = own[i].to(device, copy=True)
+        full = mine if stage == 3 else flat.to(device, copy=True)
+        states.append({'params': full,
+                       'grads': torch.zeros_like(mine if stage >= 2 else full),
+                       'momentum': torch.zeros_like(mine if stage >= 1 else full)})
+    return states
+
+def zero_step(X, y, states, devices, stage, lr, momentum=0.9):
+    """One momentum-SGD step of LeNet on k devices with ZeRO `stage` (0: plain data parallelism).
+
+    Defined in :numref:`sec_sharded_data_parallel`"""
+    check_stage(stage)
+    X_shards, y_shards = split_batch(X, y, devices)
+    fulls = [s['params'] for s in states]
+    if stage == 3:  # gathered just before use ...
+        fulls = all_gather(fulls)
+    grads = [lenet_flat_grad(w, X_s, y_s)
+             for w, X_s, y_s in zip(fulls, X_shards, y_shards)]
+    del fulls  # ... and freed right after
+    if stage <= 1:
+        allreduce(grads)
+    else:
+        grads = reduce_scatter(grads)
+    bounds = np.cumsum([0] + shard_sizes(
+        sum(math.prod(shape) for shape in LENET_SHAPES), len(devices)))
+    owned = [slice(int(lo), int(hi)) for lo, hi in zip(bounds, bounds[1:])]
+    with torch.no_grad():
+        for s, g, own in zip(states, grads, owned):
+            s['grads'][:] = g
+            g = s['grads'][own] if stage == 1 else s['grads']
+            w = s['params'][own] if stage in (1, 2) else s['params']
+            s['momentum'].mul_(momentum).add_(g / X.shape[0])
+            w -= lr * s['momentum']  # a view: writes into the state
+        if stage in (1, 2):  # everybody needs everybody's new parameters
+            new = all_gather([s['params'][own]
+                              for s, own in zip(states, owned)])
+            for s, w in zip(states, new):
+                s['params'][:] = w
+
+def state_bytes(state):
+    """Bytes that one device's ZeRO state holds, per kind of tensor.
+
+    Defined in :numref:`sec_sharded_data_parallel`"""
+    return {kind: x.numel() * x.element_size() for kind, x in state.items()}
+
+def zero_params(states, stage):
+    """The full flat parameters of a ZeRO run as a NumPy array, sharded or not.
+
+    Defined in :numref:`sec_sharded_data_parallel`"""
+    check_stage(stage)
+    if stage == 3:
+        return torch.cat([s['params'].cpu() for s in states]).numpy()
+    return states[0]['params'].cpu().numpy()
+
+def model_state_bytes(net, optimizer):
+    """Bytes of parameters, gradients and optimizer state that this process stores.
+
+    Defined in :numref:`sec_sharded_data_parallel`"""
+    def nbytes(t):  # a DTensor's local part is this process's shard
+        t = t.to_local() if hasattr(t, 'to_local') else t
+        return t.numel() * t.element_size()
+    params = list(net.parameters())
+    return {'params': sum(nbytes(p) for p in params),
+            'grads': sum(nbytes(p.grad) for p in params if p.grad is not None),
+            'state': sum(nbytes(v) for s in optimizer.state.values()
+                         for v in s.values() if torch.is_tensor(v))}
+
+def full_parameters(net):
+    """All parameters of `net` as one flat NumPy vector, gathering sharded ones.
+
+    Defined in :numref:`sec_sharded_data_parallel`"""
+    return torch.cat([(p.full_tensor() if hasattr(p, 'full_tensor') else p)
+                      .detach().cpu().reshape(-1)
+                      for p in net.parameters()]).numpy()
+
+def _fsdp_vs_ddp(rank, world_size, init_method, num_steps, batch_size, lr):
+    """Worker: train ResNet-18 with DDP, then sharded by FSDP; return bytes held and parameters.
+
+    Defined in :numref:`sec_sharded_data_parallel`"""
+    with process_group(rank, world_size, init_method) as device:
+        results = {}
+        for name in ('DDP', 'FSDP'):
+            torch.manual_seed(0)  # the same start for both
+            net = resnet18(10).to(device)
+            if name == 'FSDP':
+                for blocks in net[3:7]:  # the four stages of residual blocks
+                    fully_shard(blocks)
+                fully_shard(net)  # the stem and the head
+            else:
+                net = DDP(net)
+            optimizer = torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9)
+            sgd_on_shards(net, optimizer, rank, world_size, num_steps,
+                          batch_size, device)
+            results[name] = (model_state_bytes(net, optimizer),
+                             full_parameters(net))
+        return results
