@@ -499,87 +499,182 @@ LENET_SHAPES = [  # weights are (outputs, inputs[, height, width]); biases follo
     (84, 120), (84,),        # dense: 120 -> 84 units
     (10, 84), (10,)]         # dense: 84 -> 10 class scores
 
+def _check_seed(seed):
+    """Raise ValueError, saying what to pass, unless `seed` is a non-negative integer.
+
+    Defined in :numref:`sec_multi_gpu`"""
+    if isinstance(seed, bool) or not hasattr(seed, '__index__') or seed < 0:
+        raise ValueError(f'seed must be a non-negative integer such as 0; '
+                         f'got {seed!r}')
+
 def lenet_init_arrays(seed=0):
     """LeNet's initial values as NumPy arrays: He-scaled normal weights, zero biases.
 
     Defined in :numref:`sec_multi_gpu`"""
-    rng = np.random.default_rng(seed)
+    _check_seed(seed)
+    rng = onp.random.default_rng(seed)
     arrays = []
     for shape in LENET_SHAPES:
         if len(shape) == 1:
-            arrays.append(np.zeros(shape, np.float32))
+            arrays.append(onp.zeros(shape, onp.float32))
         else:
-            fan_in = int(np.prod(shape[1:]))
-            weights = rng.standard_normal(shape) * np.sqrt(2 / fan_in)
-            arrays.append(weights.astype(np.float32))
+            fan_in = int(onp.prod(shape[1:]))
+            weights = rng.standard_normal(shape) * onp.sqrt(2 / fan_in)
+            arrays.append(weights.astype(onp.float32))
     return arrays
+
+def _check_lenet_args(X, params):
+    """Raise ValueError, saying what to pass, unless `X` and `params` fit LeNet.
+
+    Defined in :numref:`sec_multi_gpu`"""
+    if not hasattr(X, 'shape') or tuple(X.shape[1:]) != (1, 28, 28):
+        shape = tuple(X.shape) if hasattr(X, 'shape') else type(X).__name__
+        raise ValueError(f'X must be a batch of 28 x 28 grayscale images, '
+                         f'shape (examples, 1, 28, 28); got {shape}')
+    if not isinstance(params, (list, tuple)) or len(params) != len(LENET_SHAPES):
+        got = len(params) if isinstance(params, (list, tuple)) else params
+        raise ValueError(f'params must be a list of LeNet\'s '
+                         f'{len(LENET_SHAPES)} tensors, as lenet_params() '
+                         f'returns; got {got!r:.60}')
+    for i, (p, shape) in enumerate(zip(params, LENET_SHAPES)):
+        if tuple(p.shape) != shape:
+            raise ValueError(f'params[{i}] has shape {tuple(p.shape)} but '
+                             f'LeNet needs {shape}; use lenet_params()')
 
 def lenet_params(seed=0):
     """LeNet's initial parameters as a list of CPU arrays (same values in every framework).
 
     Defined in :numref:`sec_multi_gpu`"""
-    return [mx.nd.array(a, ctx=mx.cpu()) for a in lenet_init_arrays(seed)]
+    return [np.array(a, ctx=npx.cpu()) for a in lenet_init_arrays(seed)]
 
 def lenet(X, params):
     """LeNet-style convnet on raw parameters: two conv/pool stages, three dense layers.
 
     Defined in :numref:`sec_multi_gpu`"""
+    _check_lenet_args(X, params)
     W1, b1, W2, b2, W3, b3, W4, b4, W5, b5 = params
-    H = mx.nd.Convolution(data=X, weight=W1, bias=b1, kernel=(5, 5),
-                          pad=(2, 2), num_filter=W1.shape[0])
-    H = mx.nd.Pooling(mx.nd.relu(H), kernel=(2, 2), stride=(2, 2),
-                      pool_type='max')                           # 6 x 14 x 14
-    H = mx.nd.Convolution(data=H, weight=W2, bias=b2, kernel=(5, 5),
-                          num_filter=W2.shape[0])
-    H = mx.nd.Pooling(mx.nd.relu(H), kernel=(2, 2), stride=(2, 2),
-                      pool_type='max')                           # 16 x 5 x 5
-    H = H.reshape((H.shape[0], -1))
-    H = mx.nd.relu(mx.nd.dot(H, W3, transpose_b=True) + b3)
-    H = mx.nd.relu(mx.nd.dot(H, W4, transpose_b=True) + b4)
-    return mx.nd.dot(H, W5, transpose_b=True) + b5
+    H = npx.convolution(X, W1, b1, kernel=(5, 5), pad=(2, 2),
+                        num_filter=W1.shape[0])
+    H = npx.pooling(npx.relu(H), kernel=(2, 2), stride=(2, 2),
+                    pool_type='max')                             # 6 x 14 x 14
+    H = npx.convolution(H, W2, b2, kernel=(5, 5), num_filter=W2.shape[0])
+    H = npx.pooling(npx.relu(H), kernel=(2, 2), stride=(2, 2),
+                    pool_type='max')                             # 16 x 5 x 5
+    H = H.reshape(H.shape[0], -1)
+    H = npx.relu(np.dot(H, W3.T) + b3)
+    H = npx.relu(np.dot(H, W4.T) + b4)
+    return np.dot(H, W5.T) + b5
+
+def _check_scores_and_labels(y_hat, y):
+    """Raise ValueError, saying what to pass, unless `y` holds one class per row of `y_hat`.
+
+    Defined in :numref:`sec_multi_gpu`"""
+    if len(y_hat.shape) != 2:
+        raise ValueError(f'y_hat must hold one row of class scores per '
+                         f'example, shape (examples, classes); got shape '
+                         f'{tuple(y_hat.shape)}')
+    n, num_classes = y_hat.shape
+    if tuple(y.shape) not in ((n,), (n, 1)):
+        raise ValueError(f'y must hold one label per row of y_hat, shape '
+                         f'({n},); got shape {tuple(y.shape)}')
+    if n and (int(y.min()) < 0 or int(y.max()) >= num_classes):
+        raise ValueError(f'y holds labels from {int(y.min())} to '
+                         f'{int(y.max())}, but y_hat scores classes 0 to '
+                         f'{num_classes - 1}; pass labels in that range')
 
 def cross_entropy_sum(y_hat, y):
     """Cross-entropy of class scores `y_hat` against integer labels, summed over examples.
 
     Defined in :numref:`sec_multi_gpu`"""
-    log_probs = mx.nd.log_softmax(y_hat, axis=1)
-    return -mx.nd.pick(log_probs, y, axis=1).sum()
+    _check_scores_and_labels(y_hat, y)
+    log_probs = npx.log_softmax(y_hat, axis=1)
+    return -npx.pick(log_probs, y.reshape(-1), axis=1).sum()
+
+def _check_arrays(arrays, name):
+    """Raise ValueError, saying what to pass, unless `arrays` is a non-empty list of arrays.
+
+    Defined in :numref:`sec_multi_gpu`"""
+    if not isinstance(arrays, (list, tuple)) or not arrays:
+        raise ValueError(f'{name} must be a non-empty list of arrays; got '
+                         f'{arrays!r:.60}')
+    for i, x in enumerate(arrays):
+        if not hasattr(x, 'shape'):
+            raise ValueError(f'{name}[{i}] is {x!r:.40}, not an array (a '
+                             f'gradient is None until a backward pass ran)')
 
 def get_params(params, device):
     """Copy `params` to `device` as new arrays that record their gradients.
 
     Defined in :numref:`sec_multi_gpu`"""
+    _check_arrays(params, 'params')
     copies = [p.copyto(device) for p in params]  # always a fresh array
     for p in copies:
         p.attach_grad()
     return copies
 
-def allreduce(data):
+def _check_reduce_args(data, devices):
+    """Raise ValueError, saying what to pass, unless `data` and `devices` suit an allreduce.
+
+    Defined in :numref:`sec_multi_gpu`"""
+    _check_arrays(data, 'data')
+    shapes = [tuple(x.shape) for x in data]
+    if any(shape != shapes[0] for shape in shapes):
+        raise ValueError(f'data holds arrays of different shapes {shapes}; '
+                         f'pass the same-shaped arrays of one parameter, one '
+                         f'per device')
+    if devices is not None and len(devices) != len(data):
+        raise ValueError(f'devices names {len(devices)} devices for '
+                         f'{len(data)} arrays in data; pass one device per '
+                         f'array, or None')
+
+def _reduce_devices(data, devices):
+    """Check an allreduce's arguments; return `devices`, or each array's context if None.
+
+    Defined in :numref:`sec_multi_gpu`"""
+    _check_reduce_args(data, devices)
+    return [x.ctx for x in data] if devices is None else list(devices)
+
+def allreduce(data, devices=None):
     """Sum same-shaped arrays held on different devices, writing the sum into each.
 
     Defined in :numref:`sec_multi_gpu`"""
-    first, rest = data[0], data[1:]
-    for x in rest:  # reduce: add every array into the first one
-        first[:] += x.as_in_context(first.context)
-    for x in rest:  # broadcast: copy the sum into every other array
-        x[:] = first.as_in_context(x.context)
+    devices = _reduce_devices(data, devices)
+    first = data[0]
+    for x in data[1:]:  # reduce: add every array into the first one
+        first[:] += x.as_in_ctx(devices[0])
+    for x, device in zip(data[1:], devices[1:]):  # broadcast the sum
+        x[:] = first.as_in_ctx(device)
 
 def shard_sizes(n, k):
     """Sizes of `k` nearly equal parts of `n` items; the first `n % k` get one more.
 
     Defined in :numref:`sec_multi_gpu`"""
+    for name, value, least in (('n', n, 0), ('k', k, 1)):
+        if isinstance(value, bool) or not hasattr(value, '__index__') \
+                or value < least:
+            raise ValueError(f'{name} must be an integer of at least {least}; '
+                             f'got {value!r}')
     return [n // k + (1 if i < n % k else 0) for i in range(k)]
 
-def check_split(num_examples, num_labels, num_devices):
+def _check_split(X, y, devices):
     """Raise ValueError, saying what to change, if a batch cannot be split over the devices.
 
     Defined in :numref:`sec_multi_gpu`"""
+    for name, array in (('X', X), ('y', y)):
+        if not hasattr(array, 'shape') or len(array.shape) == 0:
+            raise ValueError(f'{name} must be an array with one row per '
+                             f'example; got {array!r:.60}')
+    if not isinstance(devices, (list, tuple)):
+        raise ValueError(f'devices must be a list of devices such as '
+                         f'd2l.try_gpus(2); got {devices!r:.60}')
+    num_examples, num_labels = X.shape[0], y.shape[0]
+    num_devices = len(devices)
     if num_examples != num_labels:
         raise ValueError(f'X holds {num_examples} examples but y holds '
                          f'{num_labels} labels; pass one label per example')
     if num_devices < 1:
         raise ValueError('devices is empty; pass at least one device, e.g. '
-                         '[d2l.try_gpu()]')
+                         'd2l.try_gpus(1)')
     if num_examples < num_devices:
         raise ValueError(f'cannot split {num_examples} examples over '
                          f'{num_devices} devices, each needs at least one; '
@@ -590,33 +685,59 @@ def split_batch(X, y, devices):
     """Split examples `X` and labels `y` into one shard per device, placed there.
 
     Defined in :numref:`sec_multi_gpu`"""
-    check_split(X.shape[0], y.shape[0], len(devices))
+    _check_split(X, y, devices)
     X_shards, y_shards, start = [], [], 0
     for size, device in zip(shard_sizes(X.shape[0], len(devices)), devices):
-        X_shards.append(X[start:start + size].as_in_context(device))
-        y_shards.append(y[start:start + size].as_in_context(device))
+        X_shards.append(X[start:start + size].as_in_ctx(device))
+        y_shards.append(y[start:start + size].as_in_ctx(device))
         start += size
     return X_shards, y_shards
+
+def _check_replicas(device_params, devices):
+    """Raise ValueError, saying what to pass, unless there is one replica per device.
+
+    Defined in :numref:`sec_multi_gpu`"""
+    for name, value in (('device_params', device_params),
+                        ('devices', devices)):
+        if not isinstance(value, (list, tuple)):
+            raise ValueError(f'{name} must be a list, one entry per device; '
+                             f'got {value!r:.60}')
+    if len(device_params) != len(devices):
+        raise ValueError(f'device_params holds {len(device_params)} replicas '
+                         f'but devices names {len(devices)} devices; build '
+                         f'one replica per device with get_params')
 
 def train_batch(X, y, device_params, devices, lr, allreduce_fn=allreduce):
     """One data-parallel SGD step of LeNet: split, backward per device, sum, update.
 
     Defined in :numref:`sec_multi_gpu`"""
+    _check_replicas(device_params, devices)
     X_shards, y_shards = split_batch(X, y, devices)
     with autograd.record():
-        losses = [cross_entropy_sum(lenet(X_s, W), y_s)
-                  for X_s, y_s, W in zip(X_shards, y_shards, device_params)]
+        y_hats = [lenet(X_s, W) for X_s, W in zip(X_shards, device_params)]
+        losses = [cross_entropy_sum(y_hat, y_s)
+                  for y_hat, y_s in zip(y_hats, y_shards)]
     for loss in losses:  # each device's backward pass fills its own .grad
         loss.backward()
     for i in range(len(device_params[0])):
-        allreduce_fn([W[i].grad for W in device_params])
+        allreduce_fn([W[i].grad for W in device_params], devices)
     for W in device_params:  # equal gradients keep the replicas equal
         d2l.sgd(W, lr, X.shape[0])
+
+def _accuracy_of_counts(counts):
+    """Correct predictions over examples, or ValueError if no example was seen.
+
+    Defined in :numref:`sec_multi_gpu`"""
+    if counts[1] == 0:
+        raise ValueError('data_iter yielded no examples; pass an iterator '
+                         'over at least one minibatch')
+    return counts[0] / counts[1]
 
 def evaluate_accuracy_replicas(device_params, data_iter, devices):
     """LeNet's accuracy on `data_iter`, each minibatch split over the replicas' devices.
 
     Defined in :numref:`sec_multi_gpu`"""
+    _check_replicas(device_params, devices)
     counts = d2l.Accumulator(2)  # correct predictions, examples
     for X, y in data_iter:
         used = devices[:min(len(devices), X.shape[0])]  # short last batch
@@ -625,28 +746,31 @@ def evaluate_accuracy_replicas(device_params, data_iter, devices):
         y_hats = [lenet(X_s, W) for X_s, W in zip(X_shards, device_params)]
         for y_hat, y_s in zip(y_hats, y_shards):
             counts.add(d2l.accuracy(y_hat, y_s), y_s.shape[0])
-    return counts[0] / counts[1]
+    return _accuracy_of_counts(counts)
 
-def ring_allreduce(data):
+def ring_allreduce(data, devices=None):
     """Sum same-shaped arrays on k devices by ring reduce-scatter and all-gather, in place.
 
     Defined in :numref:`sec_multi_gpu`"""
-    k = len(data)
-    bounds = np.cumsum([0] + shard_sizes(data[0].size, k)).tolist()
-    # chunks[i][c] is a view of chunk c of the array on device i.
-    chunks = [[x.reshape(-1)[bounds[c]:bounds[c + 1]] for c in range(k)]
-              for x in data]
+    devices = _reduce_devices(data, devices)
+    k, sizes = len(data), shard_sizes(data[0].size, len(data))
+    bounds = [sum(sizes[:c]) for c in range(k + 1)]
+    # reshape copies in MXNet's NumPy interface, but slices of a flat array
+    # are views: the ring works on flat copies, written back at the end.
+    flats = [x.reshape(-1) for x in data]
+    # chunks[i][c] is a view of chunk c of the flat copy on device i.
+    chunks = [[f[bounds[c]:bounds[c + 1]] for c in range(k)] for f in flats]
     for step in range(k - 1):  # reduce-scatter: add what arrives
         for i in range(k):
             c, j = (i - step) % k, (i + 1) % k
-            if bounds[c] < bounds[c + 1]:  # MXNet cannot add empty arrays
-                chunks[j][c][:] += chunks[i][c].as_in_context(data[j].context)
+            chunks[j][c][:] += chunks[i][c].as_in_ctx(devices[j])
     # Device i now holds the complete sum of chunk (i + 1) % k.
     for step in range(k - 1):  # all-gather: overwrite with what arrives
         for i in range(k):
             c, j = (i + 1 - step) % k, (i + 1) % k
-            if bounds[c] < bounds[c + 1]:
-                chunks[j][c][:] = chunks[i][c].as_in_context(data[j].context)
+            chunks[j][c][:] = chunks[i][c].as_in_ctx(devices[j])
+    for x, flat in zip(data, flats):
+        x[:] = flat.reshape(x.shape)
 
 def check_resnet_args(num_classes, in_channels):
     """Reject a class or channel count that is not a positive integer, saying which.
