@@ -225,3 +225,20 @@ def test_fsdp_in_two_gloo_processes_equals_ddp_with_half_the_bytes(framework):
         for kind in ('params', 'grads', 'state'):
             assert ddp_held[kind] > 0
             assert abs(fsdp_held[kind] / ddp_held[kind] - 0.5) < 0.01
+
+
+# ---- The bench line (bench/memory.py) ----
+
+def test_bench_memory_ratios_follow_the_stages(framework):
+    if framework != 'pytorch':
+        pytest.skip('bench/memory.py measures with the PyTorch code')
+    from bench import memory
+    rows = memory.per_device_memory(2, include_fsdp=False)
+    ratios = {r['method']: r['ratio'] for r in rows}
+    assert ratios['DDP'] == 1.0
+    for method, expected in (('ZeRO-1', 5 / 6), ('ZeRO-2', 2 / 3),
+                             ('ZeRO-3', 1 / 2)):
+        assert abs(ratios[method] - expected) < 1e-3
+    assert 'ZeRO-3' in memory.line(rows)
+    with pytest.raises(ValueError, match='k must be a positive integer'):
+        memory.per_device_memory(0)
