@@ -866,14 +866,15 @@ def train_epoch_concise(net, train_iter, loss, trainer, devices,
         n += X.shape[0]
     return float(total.asscalar()), n
 
+import itertools
 import math
 
 def _check_per_device(data, name):
-    """Reject an empty list or arrays of different shapes, naming the argument.
+    """Reject an empty list or tensors of different shapes, naming the argument.
 
     Defined in :numref:`sec_sharded_data_parallel`"""
     if len(data) == 0:
-        raise ValueError(f'{name} is empty; pass one array per device')
+        raise ValueError(f'{name} is empty; pass one tensor per device')
     if any(tuple(x.shape) != tuple(data[0].shape) for x in data):
         raise ValueError(f'{name} must hold tensors of one shape, got '
                          f'{[tuple(x.shape) for x in data]}')
@@ -968,13 +969,20 @@ def zero_step(X, y, states, devices, stage, lr, momentum=0.9):
         allreduce(grads)
     else:
         grads = reduce_scatter(grads)
-    bounds = onp.cumsum([0] + shard_sizes(
-        sum(math.prod(shape) for shape in LENET_SHAPES), len(devices)))
-    owned = [slice(int(lo), int(hi)) for lo, hi in zip(bounds, bounds[1:])]
+    bounds = [0, *itertools.accumulate(shard_sizes(
+        sum(math.prod(shape) for shape in LENET_SHAPES), len(devices)))]
+    owned = [slice(lo, hi) for lo, hi in zip(bounds, bounds[1:])]
+    _zero_update(states, grads, owned, devices, stage, lr / X.shape[0],
+                 momentum)
+
+def _zero_update(states, grads, owned, devices, stage, lr, momentum):
+    """Momentum-SGD update of the parameters each device owns, in place.
+
+    Defined in :numref:`sec_sharded_data_parallel`"""
     for s, g, own in zip(states, grads, owned):
         s['grads'][:] = g
         g = s['grads'][own] if stage == 1 else s['grads']
-        s['momentum'][:] = momentum * s['momentum'] + g / X.shape[0]
+        s['momentum'][:] = momentum * s['momentum'] + g
         if stage in (1, 2):  # slice assignment writes into the state
             s['params'][own] = s['params'][own] - lr * s['momentum']
         else:

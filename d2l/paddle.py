@@ -1277,6 +1277,7 @@ def ddp_script_path(framework='paddle'):
     book_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     return os.path.join(book_root, 'chapter_multi_gpu', names[framework])
 
+import itertools
 import math
 
 def _check_per_device(data, name):
@@ -1285,9 +1286,9 @@ def _check_per_device(data, name):
     Defined in :numref:`sec_sharded_data_parallel`"""
     if len(data) == 0:
         raise ValueError(f'{name} is empty; pass one tensor per device')
-    if any(list(x.shape) != list(data[0].shape) for x in data):
+    if any(tuple(x.shape) != tuple(data[0].shape) for x in data):
         raise ValueError(f'{name} must hold tensors of one shape, got '
-                         f'{[list(x.shape) for x in data]}')
+                         f'{[tuple(x.shape) for x in data]}')
 
 def reduce_scatter(data):
     """Sum same-shaped tensors on k devices; device i receives shard i of the flat sum.
@@ -1384,15 +1385,22 @@ def zero_step(X, y, states, devices, stage, lr, momentum=0.9):
         allreduce(grads)
     else:
         grads = reduce_scatter(grads)
-    bounds = np.cumsum([0] + shard_sizes(
-        sum(math.prod(shape) for shape in LENET_SHAPES), len(devices)))
-    owned = [slice(int(lo), int(hi)) for lo, hi in zip(bounds, bounds[1:])]
+    bounds = [0, *itertools.accumulate(shard_sizes(
+        sum(math.prod(shape) for shape in LENET_SHAPES), len(devices)))]
+    owned = [slice(lo, hi) for lo, hi in zip(bounds, bounds[1:])]
+    _zero_update(states, grads, owned, devices, stage, lr / X.shape[0],
+                 momentum)
+
+def _zero_update(states, grads, owned, devices, stage, lr, momentum):
+    """Momentum-SGD update of the parameters each device owns, in place.
+
+    Defined in :numref:`sec_sharded_data_parallel`"""
     with paddle.no_grad():
         for s, g, own, device in zip(states, grads, owned, devices):
             with paddle.device.device_guard(device):
                 s['grads'][:] = g
                 g = s['grads'][own] if stage == 1 else s['grads']
-                s['momentum'][:] = momentum * s['momentum'] + g / X.shape[0]
+                s['momentum'][:] = momentum * s['momentum'] + g
                 if stage in (1, 2):  # slice assignment writes into the state
                     s['params'][own] = s['params'][own] - lr * s['momentum']
                 else:

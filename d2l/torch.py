@@ -1321,8 +1321,9 @@ def ddp_script_path(framework='torch'):
     book_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     return os.path.join(book_root, 'chapter_multi_gpu', names[framework])
 
+import itertools
 import math
-import torch.nn.functional as F
+
 from torch.distributed.fsdp import fully_shard
 
 def _check_per_device(data, name):
@@ -1420,15 +1421,22 @@ def zero_step(X, y, states, devices, stage, lr, momentum=0.9):
         allreduce(grads)
     else:
         grads = reduce_scatter(grads)
-    bounds = np.cumsum([0] + shard_sizes(
-        sum(math.prod(shape) for shape in LENET_SHAPES), len(devices)))
-    owned = [slice(int(lo), int(hi)) for lo, hi in zip(bounds, bounds[1:])]
+    bounds = [0, *itertools.accumulate(shard_sizes(
+        sum(math.prod(shape) for shape in LENET_SHAPES), len(devices)))]
+    owned = [slice(lo, hi) for lo, hi in zip(bounds, bounds[1:])]
+    _zero_update(states, grads, owned, devices, stage, lr / X.shape[0],
+                 momentum)
+
+def _zero_update(states, grads, owned, devices, stage, lr, momentum):
+    """Momentum-SGD update of the parameters each device owns, in place.
+
+    Defined in :numref:`sec_sharded_data_parallel`"""
     with torch.no_grad():
         for s, g, own in zip(states, grads, owned):
             s['grads'][:] = g
             g = s['grads'][own] if stage == 1 else s['grads']
             w = s['params'][own] if stage in (1, 2) else s['params']
-            s['momentum'].mul_(momentum).add_(g / X.shape[0])
+            s['momentum'].mul_(momentum).add_(g)
             w -= lr * s['momentum']  # a view: writes into the state
         if stage in (1, 2):  # everybody needs everybody's new parameters
             new = all_gather([s['params'][own]
