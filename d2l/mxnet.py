@@ -906,15 +906,15 @@ def all_gather(shards):
             for x in shards]
 
 def unflatten(flat, shapes):
-    """Views of the flat array `flat` in the given `shapes`, in order.
+    """Views of the flat tensor `flat` in the given `shapes`, in order.
 
     Defined in :numref:`sec_sharded_data_parallel`"""
     sizes = [math.prod(shape) for shape in shapes]
-    if flat.size != sum(sizes):
-        raise ValueError(f'flat has {flat.size} elements but the shapes '
-                         f'need {sum(sizes)}')
-    bounds = onp.cumsum([0] + sizes).tolist()
-    return [flat[lo:hi].reshape(shape)
+    if len(flat.shape) != 1 or flat.shape[0] != sum(sizes):
+        raise ValueError(f'flat must be a 1-D tensor of {sum(sizes)} elements '
+                         f'for these shapes; got shape {tuple(flat.shape)}')
+    bounds = [0, *itertools.accumulate(sizes)]
+    return [flat[lo:hi].reshape(tuple(shape))
             for lo, hi, shape in zip(bounds, bounds[1:], shapes)]
 
 def lenet_flat_grad(flat, X, y):

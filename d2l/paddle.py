@@ -1327,11 +1327,12 @@ def unflatten(flat, shapes):
 
     Defined in :numref:`sec_sharded_data_parallel`"""
     sizes = [math.prod(shape) for shape in shapes]
-    if flat.size != sum(sizes):
-        raise ValueError(f'flat has {flat.size} elements but the shapes '
-                         f'need {sum(sizes)}')
-    return [p.reshape(list(shape))
-            for p, shape in zip(paddle.split(flat, sizes), shapes)]
+    if len(flat.shape) != 1 or flat.shape[0] != sum(sizes):
+        raise ValueError(f'flat must be a 1-D tensor of {sum(sizes)} elements '
+                         f'for these shapes; got shape {tuple(flat.shape)}')
+    bounds = [0, *itertools.accumulate(sizes)]
+    return [flat[lo:hi].reshape(tuple(shape))
+            for lo, hi, shape in zip(bounds, bounds[1:], shapes)]
 
 def lenet_flat_grad(flat, X, y):
     """Gradient of LeNet's summed loss on (X, y) at the flat parameters `flat`.

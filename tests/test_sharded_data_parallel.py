@@ -173,7 +173,7 @@ def test_unflatten_names_a_size_mismatch(d2l, framework):
     flat = tensor(framework, np.zeros(10, np.float32))
     views = d2l.unflatten(flat, [(2, 3), (4,)])
     assert [tuple(v.shape) for v in views] == [(2, 3), (4,)]
-    with pytest.raises(ValueError, match='flat has 10 elements'):
+    with pytest.raises(ValueError, match='flat must be a 1-D tensor of 6 elements'):
         d2l.unflatten(flat, [(2, 3)])
 
 
