@@ -1382,9 +1382,9 @@ def zero_step(X, y, states, devices, stage, lr, momentum=0.9):
     grads = [lenet_flat_grad(w, X_s, y_s)
              for w, X_s, y_s in zip(fulls, X_shards, y_shards)]
     del fulls  # ... and freed right after
-    if stage <= 1:
+    if stage == 0:
         allreduce(grads)
-    else:
+    else:  # an update needs only the summed gradient of its own shard
         grads = reduce_scatter(grads)
     bounds = [0, *itertools.accumulate(shard_sizes(
         sum(math.prod(shape) for shape in LENET_SHAPES), len(devices)))]
@@ -1399,7 +1399,10 @@ def _zero_update(states, grads, owned, devices, stage, lr, momentum):
     with paddle.no_grad():
         for s, g, own, device in zip(states, grads, owned, devices):
             with paddle.device.device_guard(device):
-                s['grads'][:] = g
+                if stage == 1:  # the full-size buffer receives its shard
+                    s['grads'][own] = g
+                else:
+                    s['grads'][:] = g
                 g = s['grads'][own] if stage == 1 else s['grads']
                 s['momentum'][:] = momentum * s['momentum'] + g
                 if stage in (1, 2):  # slice assignment writes into the state
