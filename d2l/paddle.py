@@ -1299,12 +1299,13 @@ def reduce_scatter(data):
     shards = []
     with paddle.no_grad():
         for i, x in enumerate(data):
-            with paddle.device.device_guard(x.place):
+            place = _typed_place(x.place)  # guards want CPUPlace/CUDAPlace
+            with paddle.device.device_guard(place):
                 lo, hi = bounds[i], bounds[i + 1]
                 total = x.reshape([-1])[lo:hi].clone()
                 for j, other in enumerate(data):
                     if j != i:  # shard i of device j travels to device i
-                        total += other.reshape([-1])[lo:hi].to(x.place)
+                        total += other.reshape([-1])[lo:hi].to(place)
             shards.append(total)
     return shards
 
@@ -1317,8 +1318,9 @@ def all_gather(shards):
                          'one per device (flatten them first)')
     gathered = []
     for x in shards:
-        with paddle.device.device_guard(x.place):
-            gathered.append(paddle.concat([s.detach().to(x.place)
+        place = _typed_place(x.place)
+        with paddle.device.device_guard(place):
+            gathered.append(paddle.concat([s.detach().to(place)
                                            for s in shards]))
     return gathered
 
@@ -1338,7 +1340,7 @@ def lenet_flat_grad(flat, X, y):
     """Gradient of LeNet's summed loss on (X, y) at the flat parameters `flat`.
 
     Defined in :numref:`sec_sharded_data_parallel`"""
-    with paddle.device.device_guard(flat.place):
+    with paddle.device.device_guard(_typed_place(flat.place)):
         w = flat.detach()
         w.stop_gradient = False
         cross_entropy_sum(lenet(X, unflatten(w, LENET_SHAPES)), y).backward()
