@@ -1330,6 +1330,9 @@ def _check_per_device(data, name):
     """Reject an empty list or tensors of different shapes, naming the argument.
 
     Defined in :numref:`sec_sharded_data_parallel`"""
+    if not isinstance(data, (list, tuple)):
+        raise ValueError(f'{name} must be a list with one tensor per device; '
+                         f'got {type(data).__name__}')
     if len(data) == 0:
         raise ValueError(f'{name} is empty; pass one tensor per device')
     if any(tuple(x.shape) != tuple(data[0].shape) for x in data):
@@ -1391,11 +1394,43 @@ def check_stage(stage):
         raise ValueError(f'stage must be 0 (plain data parallelism), 1, 2 '
                          f'or 3, got {stage!r}')
 
+def _check_zero_args(params, devices):
+    """Reject an empty parameter list or device list, saying what to pass.
+
+    Defined in :numref:`sec_sharded_data_parallel`"""
+    if not isinstance(params, (list, tuple)) or len(params) == 0:
+        raise ValueError('params must be a non-empty list of tensors, such '
+                         'as d2l.lenet_params()')
+    if not isinstance(devices, (list, tuple)) or len(devices) == 0:
+        raise ValueError('devices must be a non-empty list of devices, such '
+                         'as d2l.try_gpus(2)')
+
+def _check_zero_states(states, devices, stage):
+    """Reject states that zero_init did not build for these devices and `stage`.
+
+    Defined in :numref:`sec_sharded_data_parallel`"""
+    _check_zero_args(states, devices)
+    if len(states) != len(devices):
+        raise ValueError(f'states holds {len(states)} device states but '
+                         f'devices names {len(devices)}; pass what zero_init '
+                         f'returned for these devices')
+    n = sum(math.prod(shape) for shape in LENET_SHAPES)
+    own = shard_sizes(n, len(devices))[0]
+    needed = (own if stage == 3 else n, own if stage >= 2 else n,
+              own if stage >= 1 else n)
+    held = tuple(states[0][kind].shape[0]
+                 for kind in ('params', 'grads', 'momentum'))
+    if held != needed:
+        raise ValueError(f'states hold {held} parameters, gradients and '
+                         f'momentum on device 0, but stage {stage} needs '
+                         f'{needed}; pass the stage given to zero_init')
+
 def zero_init(params, devices, stage):
     """Each device's flat parameters, gradients and momentum, sharded as ZeRO `stage` says.
 
     Defined in :numref:`sec_sharded_data_parallel`"""
     check_stage(stage)
+    _check_zero_args(params, devices)
     flat = torch.cat([p.detach().reshape(-1) for p in params])
     own = flat.split(shard_sizes(flat.numel(), len(devices)))
     states = []
@@ -1412,6 +1447,7 @@ def zero_step(X, y, states, devices, stage, lr, momentum=0.9):
 
     Defined in :numref:`sec_sharded_data_parallel`"""
     check_stage(stage)
+    _check_zero_states(states, devices, stage)
     X_shards, y_shards = split_batch(X, y, devices)
     fulls = [s['params'] for s in states]
     if stage == 3:  # gathered just before use ...

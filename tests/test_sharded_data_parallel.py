@@ -169,6 +169,22 @@ def test_a_bad_stage_is_named(d2l, framework, stage):
         d2l.zero_params(states, stage)
 
 
+def test_zero_calls_with_mismatched_arguments_are_named(d2l, framework):
+    devices = cpu_devices(framework, 2)
+    with pytest.raises(ValueError, match='params must be a non-empty list'):
+        d2l.zero_init([], devices, 1)
+    with pytest.raises(ValueError, match='devices must be a non-empty list'):
+        d2l.zero_init(d2l.lenet_params(), [], 1)
+    states = d2l.zero_init(d2l.lenet_params(), devices, 3)
+    X, y = random_batch(framework, 4)
+    with pytest.raises(ValueError, match='pass the stage given to zero_init'):
+        d2l.zero_step(X, y, states, devices, 1, 0.1)
+    with pytest.raises(ValueError, match='states holds 1 device states'):
+        d2l.zero_step(X, y, states[:1], devices, 3, 0.1)
+    with pytest.raises(ValueError, match='data must be a list'):
+        d2l.reduce_scatter(tensor(framework, np.ones((2, 3), np.float32)))
+
+
 def test_unflatten_names_a_size_mismatch(d2l, framework):
     flat = tensor(framework, np.zeros(10, np.float32))
     views = d2l.unflatten(flat, [(2, 3), (4,)])
