@@ -1035,6 +1035,9 @@ def state_bytes(state):
     """Bytes that one device's ZeRO state holds, per kind of tensor.
 
     Defined in :numref:`sec_sharded_data_parallel`"""
+    if not isinstance(state, dict):
+        raise ValueError('state must be one device\'s dictionary from '
+                         'zero_init, such as states[0]')
     return {kind: x.size * onp.dtype(x.dtype).itemsize
             for kind, x in state.items()}
 
@@ -1043,6 +1046,8 @@ def zero_params(states, stage):
 
     Defined in :numref:`sec_sharded_data_parallel`"""
     check_stage(stage)
+    if not isinstance(states, (list, tuple)) or len(states) == 0:
+        raise ValueError('states must be the non-empty list from zero_init')
     if stage == 3:
         return onp.concatenate([s['params'].asnumpy() for s in states])
     return states[0]['params'].asnumpy()

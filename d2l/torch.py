@@ -1486,6 +1486,9 @@ def state_bytes(state):
     """Bytes that one device's ZeRO state holds, per kind of tensor.
 
     Defined in :numref:`sec_sharded_data_parallel`"""
+    if not isinstance(state, dict):
+        raise ValueError('state must be one device\'s dictionary from '
+                         'zero_init, such as states[0]')
     return {kind: x.numel() * x.element_size() for kind, x in state.items()}
 
 def zero_params(states, stage):
@@ -1493,11 +1496,13 @@ def zero_params(states, stage):
 
     Defined in :numref:`sec_sharded_data_parallel`"""
     check_stage(stage)
+    if not isinstance(states, (list, tuple)) or len(states) == 0:
+        raise ValueError('states must be the non-empty list from zero_init')
     if stage == 3:
         return torch.cat([s['params'].cpu() for s in states]).numpy()
     return states[0]['params'].cpu().numpy()
 
-def model_state_bytes(net, optimizer):
+def _model_state_bytes(net, optimizer):
     """Bytes of parameters, gradients and optimizer state that this process stores.
 
     Defined in :numref:`sec_sharded_data_parallel`"""
@@ -1510,7 +1515,7 @@ def model_state_bytes(net, optimizer):
             'state': sum(nbytes(v) for s in optimizer.state.values()
                          for v in s.values() if torch.is_tensor(v))}
 
-def full_parameters(net):
+def _full_parameters(net):
     """All parameters of `net` as one flat NumPy vector, gathering sharded ones.
 
     Defined in :numref:`sec_sharded_data_parallel`"""
@@ -1536,6 +1541,6 @@ def _fsdp_vs_ddp(rank, world_size, init_method, num_steps, batch_size, lr):
             optimizer = torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9)
             sgd_on_shards(net, optimizer, rank, world_size, num_steps,
                           batch_size, device)
-            results[name] = (model_state_bytes(net, optimizer),
-                             full_parameters(net))
+            results[name] = (_model_state_bytes(net, optimizer),
+                             _full_parameters(net))
         return results

@@ -181,6 +181,10 @@ def test_zero_calls_with_mismatched_arguments_are_named(d2l, framework):
         d2l.zero_step(X, y, states, devices, 1, 0.1)
     with pytest.raises(ValueError, match='states holds 1 device states'):
         d2l.zero_step(X, y, states[:1], devices, 3, 0.1)
+    with pytest.raises(ValueError, match='state must be one device'):
+        d2l.state_bytes(states)
+    with pytest.raises(ValueError, match='states must be the non-empty list'):
+        d2l.zero_params([], 3)
     with pytest.raises(ValueError, match='data must be a list'):
         d2l.reduce_scatter(tensor(framework, np.ones((2, 3), np.float32)))
 
