@@ -14,15 +14,18 @@ d2l = sys.modules[__name__]
 
 import gzip
 import hashlib
+import itertools
 import os
 import sys
 import time
 import urllib.error
 import urllib.request
 import mxnet as mx
-import numpy as np
-from mxnet import autograd, gluon, init
+import numpy as onp
+from mxnet import autograd, gluon, init, np, npx
 from mxnet.gluon import nn
+
+npx.set_np()
 
 def num_gpus():
     """Count the GPUs this process can see.
@@ -44,6 +47,55 @@ def try_all_gpus():
 
     Defined in :numref:`sec_helpers`"""
     return [mx.gpu(i) for i in range(num_gpus())] or [mx.cpu()]
+
+def try_gpus(num_devices):
+    """Devices for `num_devices` model copies: GPUs only, or the CPU if there is none.
+
+    Defined in :numref:`sec_helpers`"""
+    _check_num_devices(num_devices)
+    g = num_gpus()
+    if g == 0:
+        return [mx.cpu(i) for i in range(num_devices)]
+    return [mx.gpu(i) for i in range(min(g, num_devices))]
+
+def _device_name(device):
+    """A short name for `device` and whether it is a GPU.
+
+    Defined in :numref:`sec_helpers`"""
+    return str(device), device.device_type == 'gpu'
+
+def _check_num_devices(num_devices, name='num_devices'):
+    """Reject a device count that is not a positive integer, saying so.
+
+    Defined in :numref:`sec_helpers`"""
+    if isinstance(num_devices, bool) or not isinstance(num_devices, int) \
+            or num_devices < 1:
+        raise ValueError(f'{name} must be a positive integer (the number of '
+                         f'model copies), got {num_devices!r}')
+
+def describe_devices(devices, num_asked=None):
+    """One line saying which devices were chosen and why, for training logs.
+
+    Defined in :numref:`sec_helpers`"""
+    if isinstance(devices, (str, bytes)) or not hasattr(devices, '__len__') \
+            or len(devices) == 0:
+        raise ValueError('devices must be a non-empty list of devices, such '
+                         f'as d2l.try_gpus(2), got {devices!r}')
+    if num_asked is not None:
+        _check_num_devices(num_asked, 'num_asked')
+    names, gpu = zip(*[_device_name(d) for d in devices])
+    k = len(devices)
+    if not any(gpu):
+        where = 'no GPU found' if num_gpus() == 0 else 'GPUs not used'
+        copies = f'{k} cop{"y" if k == 1 else "ies"} of the model'
+        place = 'the CPU' if len(set(names)) == 1 else ', '.join(names)
+        return f'{copies} on {place} ({where})'
+    found = num_gpus()
+    line = f'using {", ".join(names)}'
+    if num_asked is not None and num_asked != k:
+        return (f'{num_asked} devices asked, {found} GPU'
+                f'{"" if found == 1 else "s"} found: {line}')
+    return f'{k} GPU{"" if k == 1 else "s"} ({found} found): {line}'
 
 class Timer:
     """Record wall-clock intervals between start() and stop()."""
@@ -71,7 +123,7 @@ class Timer:
 
     def cumsum(self):
         """Running totals, one per interval."""
-        return np.cumsum(self.times).tolist()
+        return list(itertools.accumulate(self.times))
 
 class Accumulator:
     """Keep running sums of `n` quantities."""
@@ -93,13 +145,31 @@ class Accumulator:
     def __getitem__(self, idx):
         return self.data[idx]
 
+def _labels_and_predictions(y_hat, y, argmax):
+    """`y_hat` as N predicted labels and `y` as N labels, or a ValueError.
+
+    Defined in :numref:`sec_helpers`"""
+    y_hat_shape, y_shape = tuple(y_hat.shape), tuple(y.shape)
+    if len(y_hat_shape) == 2 and y_hat_shape[1] > 1:
+        y_hat = argmax(y_hat)
+    elif len(y_hat_shape) == 2 and y_hat_shape[1] == 1:
+        y_hat = y_hat.reshape((-1,))
+    if len(y_shape) == 2 and y_shape[1] == 1:
+        y = y.reshape((-1,))
+    if len(y_hat.shape) != 1 or len(y.shape) != 1 or \
+            y_hat.shape[0] != y.shape[0]:
+        raise ValueError(
+            f'accuracy needs y_hat of shape (N, num_classes) or (N,) and y of '
+            f'shape (N,) for the same N, got y_hat {y_hat_shape} and y '
+            f'{y_shape}')
+    return y_hat, y
+
 def accuracy(y_hat, y):
     """Count the predictions in `y_hat` (scores or labels) that equal `y`.
 
     Defined in :numref:`sec_helpers`"""
-    if y_hat.ndim > 1 and y_hat.shape[1] > 1:
-        y_hat = y_hat.argmax(axis=1)
-    return float((y_hat.astype(y.dtype) == y).sum().asscalar())
+    y_hat, y = _labels_and_predictions(y_hat, y, lambda t: t.argmax(axis=1))
+    return float((y_hat.astype(y.dtype) == y).sum().item())
 
 def evaluate_accuracy_gpu(net, data_iter, device=None):
     """Fraction of examples in `data_iter` that `net` classifies correctly on one device.
@@ -109,7 +179,7 @@ def evaluate_accuracy_gpu(net, data_iter, device=None):
         device = list(net.collect_params().values())[0].list_ctx()[0]
     counts = Accumulator(2)  # correct predictions, examples
     for X, y in data_iter:
-        X, y = X.as_in_context(device), y.as_in_context(device)
+        X, y = X.as_in_ctx(device), y.as_in_ctx(device)
         counts.add(accuracy(net(X), y), y.size)
     return counts[0] / counts[1]
 
@@ -282,10 +352,13 @@ def read_idx_file(name):
         data = _download_fashion_mnist(name, target_dir)
     # IDX header: two zero bytes, a type code (8 = uint8), the number of
     # dimensions, then one big-endian 32-bit size per dimension.
+    # NumPy proper in every framework's module (MXNet's np cannot view bytes).
+    import numpy
     ndim = data[3]
     shape = tuple(int.from_bytes(data[4 + 4 * i:8 + 4 * i], 'big')
                   for i in range(ndim))
-    return np.frombuffer(data, np.uint8, offset=4 + 4 * ndim).reshape(shape)
+    return numpy.frombuffer(data, 'uint8',
+                            offset=4 + 4 * ndim).reshape(shape)
 
 QUICK_PER_CLASS = {'train': 10, 'test': 10}
 
@@ -312,9 +385,9 @@ def balanced_subset(labels, per_class):
     """Indices of the first `per_class` examples of each class, in file order.
 
     Defined in :numref:`sec_helpers`"""
-    picks = [np.flatnonzero(labels == c)[:per_class]
-             for c in np.unique(labels)]
-    return np.sort(np.concatenate(picks))
+    picks = [(labels == c).nonzero()[0][:per_class].tolist()
+             for c in sorted(set(labels.tolist()))]
+    return sorted(i for pick in picks for i in pick)
 
 _FASHION_MNIST_CACHE = {}
 
@@ -333,8 +406,8 @@ def fashion_mnist_arrays(split, quick):
     if quick:
         keep = balanced_subset(labels, QUICK_PER_CLASS[split])
         images, labels = images[keep], labels[keep]
-    images = images.reshape(-1, 1, 28, 28).astype(np.float32) / 255
-    return images, labels.astype(np.int64)
+    images = images.reshape(-1, 1, 28, 28).astype('float32') / 255
+    return images, labels.astype('int64')
 
 def describe_mode(quick, n_train, n_test):
     """One line saying which data the loader serves, and how to change it.
@@ -374,7 +447,7 @@ def load_data_fashion_mnist(batch_size, resize=None):
     for split in ('train', 'test'):
         images, labels = fashion_mnist_arrays(split, quick)
         sizes.append(len(labels))
-        dataset = gluon.data.ArrayDataset(images, labels.astype(np.int32))
+        dataset = gluon.data.ArrayDataset(images, labels.astype('int32'))
         loaders.append(gluon.data.DataLoader(
             dataset, batch_size, shuffle=(split == 'train'),
             batchify_fn=lambda batch: _batchify_resized(batch, size)))
@@ -385,10 +458,14 @@ def _batchify_resized(batch, size):
     """Stack (image, label) pairs into a minibatch, resizing images if asked.
 
     Defined in :numref:`sec_helpers`"""
-    X = mx.nd.array(np.stack([x for x, _ in batch]))
-    y = mx.nd.array(np.array([t for _, t in batch]), dtype='int32')
+    X = np.array(onp.stack([x for x, _ in batch]))
+    y = np.array(onp.array([t for _, t in batch]), dtype='int32')
     if size is not None:
-        X = mx.nd.contrib.BilinearResize2D(X, height=size[0], width=size[1])
+        # npx.image.resize works on channels-last images and takes
+        # (width, height); interp=1 is bilinear.
+        X = npx.image.resize(X.transpose(0, 2, 3, 1),
+                             size=(size[1], size[0]), interp=1)
+        X = X.transpose(0, 3, 1, 2)
     return X, y
 
 class Residual(nn.Block):
@@ -409,11 +486,11 @@ class Residual(nn.Block):
         self.bn2 = nn.BatchNorm(in_channels=out_channels)
 
     def forward(self, X):
-        Y = mx.nd.relu(self.bn1(self.conv1(X)))
+        Y = npx.relu(self.bn1(self.conv1(X)))
         Y = self.bn2(self.conv2(Y))
         if self.shortcut is not None:
             X = self.shortcut(X)
-        return mx.nd.relu(Y + X)
+        return npx.relu(Y + X)
 
 LENET_SHAPES = [  # weights are (outputs, inputs[, height, width]); biases follow
     (6, 1, 5, 5), (6,),      # convolution: 1 -> 6 channels, 5 x 5 kernels

@@ -14,6 +14,7 @@ d2l = sys.modules[__name__]
 
 import gzip
 import hashlib
+import itertools
 import os
 import sys
 import time
@@ -46,6 +47,60 @@ def try_all_gpus():
     return [paddle.CUDAPlace(i) for i in range(num_gpus())] or [
         paddle.CPUPlace()]
 
+def try_gpus(num_devices):
+    """Devices for `num_devices` model copies: GPUs only, or the CPU if there is none.
+
+    Defined in :numref:`sec_helpers`"""
+    _check_num_devices(num_devices)
+    g = num_gpus()
+    if g == 0:
+        return [paddle.CPUPlace() for _ in range(num_devices)]
+    # A CPU build of Paddle refuses to construct a CUDAPlace, so build
+    # GPU places only when GPUs exist.
+    return [paddle.CUDAPlace(i) for i in range(min(g, num_devices))]
+
+def _device_name(device):
+    """A short name for `device` and whether it is a GPU.
+
+    Defined in :numref:`sec_helpers`"""
+    if isinstance(device, paddle.CUDAPlace) or (
+            hasattr(device, 'is_gpu_place') and device.is_gpu_place()):
+        return f'gpu:{device.get_device_id()}', True
+    return 'cpu', False
+
+def _check_num_devices(num_devices, name='num_devices'):
+    """Reject a device count that is not a positive integer, saying so.
+
+    Defined in :numref:`sec_helpers`"""
+    if isinstance(num_devices, bool) or not isinstance(num_devices, int) \
+            or num_devices < 1:
+        raise ValueError(f'{name} must be a positive integer (the number of '
+                         f'model copies), got {num_devices!r}')
+
+def describe_devices(devices, num_asked=None):
+    """One line saying which devices were chosen and why, for training logs.
+
+    Defined in :numref:`sec_helpers`"""
+    if isinstance(devices, (str, bytes)) or not hasattr(devices, '__len__') \
+            or len(devices) == 0:
+        raise ValueError('devices must be a non-empty list of devices, such '
+                         f'as d2l.try_gpus(2), got {devices!r}')
+    if num_asked is not None:
+        _check_num_devices(num_asked, 'num_asked')
+    names, gpu = zip(*[_device_name(d) for d in devices])
+    k = len(devices)
+    if not any(gpu):
+        where = 'no GPU found' if num_gpus() == 0 else 'GPUs not used'
+        copies = f'{k} cop{"y" if k == 1 else "ies"} of the model'
+        place = 'the CPU' if len(set(names)) == 1 else ', '.join(names)
+        return f'{copies} on {place} ({where})'
+    found = num_gpus()
+    line = f'using {", ".join(names)}'
+    if num_asked is not None and num_asked != k:
+        return (f'{num_asked} devices asked, {found} GPU'
+                f'{"" if found == 1 else "s"} found: {line}')
+    return f'{k} GPU{"" if k == 1 else "s"} ({found} found): {line}'
+
 class Timer:
     """Record wall-clock intervals between start() and stop()."""
     def __init__(self):
@@ -72,7 +127,7 @@ class Timer:
 
     def cumsum(self):
         """Running totals, one per interval."""
-        return np.cumsum(self.times).tolist()
+        return list(itertools.accumulate(self.times))
 
 class Accumulator:
     """Keep running sums of `n` quantities."""
@@ -94,12 +149,30 @@ class Accumulator:
     def __getitem__(self, idx):
         return self.data[idx]
 
+def _labels_and_predictions(y_hat, y, argmax):
+    """`y_hat` as N predicted labels and `y` as N labels, or a ValueError.
+
+    Defined in :numref:`sec_helpers`"""
+    y_hat_shape, y_shape = tuple(y_hat.shape), tuple(y.shape)
+    if len(y_hat_shape) == 2 and y_hat_shape[1] > 1:
+        y_hat = argmax(y_hat)
+    elif len(y_hat_shape) == 2 and y_hat_shape[1] == 1:
+        y_hat = y_hat.reshape((-1,))
+    if len(y_shape) == 2 and y_shape[1] == 1:
+        y = y.reshape((-1,))
+    if len(y_hat.shape) != 1 or len(y.shape) != 1 or \
+            y_hat.shape[0] != y.shape[0]:
+        raise ValueError(
+            f'accuracy needs y_hat of shape (N, num_classes) or (N,) and y of '
+            f'shape (N,) for the same N, got y_hat {y_hat_shape} and y '
+            f'{y_shape}')
+    return y_hat, y
+
 def accuracy(y_hat, y):
     """Count the predictions in `y_hat` (scores or labels) that equal `y`.
 
     Defined in :numref:`sec_helpers`"""
-    if y_hat.ndim > 1 and y_hat.shape[1] > 1:
-        y_hat = y_hat.argmax(axis=1)
+    y_hat, y = _labels_and_predictions(y_hat, y, lambda t: t.argmax(axis=1))
     return float((y_hat.astype(y.dtype) == y).astype('int64').sum())
 
 def evaluate_accuracy_gpu(net, data_iter, device=None):
@@ -287,10 +360,13 @@ def read_idx_file(name):
         data = _download_fashion_mnist(name, target_dir)
     # IDX header: two zero bytes, a type code (8 = uint8), the number of
     # dimensions, then one big-endian 32-bit size per dimension.
+    # NumPy proper in every framework's module (MXNet's np cannot view bytes).
+    import numpy
     ndim = data[3]
     shape = tuple(int.from_bytes(data[4 + 4 * i:8 + 4 * i], 'big')
                   for i in range(ndim))
-    return np.frombuffer(data, np.uint8, offset=4 + 4 * ndim).reshape(shape)
+    return numpy.frombuffer(data, 'uint8',
+                            offset=4 + 4 * ndim).reshape(shape)
 
 QUICK_PER_CLASS = {'train': 10, 'test': 10}
 
@@ -317,9 +393,9 @@ def balanced_subset(labels, per_class):
     """Indices of the first `per_class` examples of each class, in file order.
 
     Defined in :numref:`sec_helpers`"""
-    picks = [np.flatnonzero(labels == c)[:per_class]
-             for c in np.unique(labels)]
-    return np.sort(np.concatenate(picks))
+    picks = [(labels == c).nonzero()[0][:per_class].tolist()
+             for c in sorted(set(labels.tolist()))]
+    return sorted(i for pick in picks for i in pick)
 
 _FASHION_MNIST_CACHE = {}
 
@@ -338,8 +414,8 @@ def fashion_mnist_arrays(split, quick):
     if quick:
         keep = balanced_subset(labels, QUICK_PER_CLASS[split])
         images, labels = images[keep], labels[keep]
-    images = images.reshape(-1, 1, 28, 28).astype(np.float32) / 255
-    return images, labels.astype(np.int64)
+    images = images.reshape(-1, 1, 28, 28).astype('float32') / 255
+    return images, labels.astype('int64')
 
 def describe_mode(quick, n_train, n_test):
     """One line saying which data the loader serves, and how to change it.

@@ -50,6 +50,92 @@ def test_try_gpu_rejects_a_negative_index(d2l):
         d2l.try_gpu(-1)
 
 
+class _FakeCUDAPlace:
+    """Stands in for paddle.CUDAPlace, which a CPU build refuses to construct."""
+    def __init__(self, i):
+        self.i = i
+
+    def get_device_id(self):
+        return self.i
+
+    def is_gpu_place(self):
+        return True
+
+    def __eq__(self, other):
+        return isinstance(other, _FakeCUDAPlace) and other.i == self.i
+
+
+def pretend_gpus(framework, d2l, monkeypatch, g):
+    """Make d2l believe the machine has `g` GPUs."""
+    monkeypatch.setattr(d2l, 'num_gpus', lambda: g)
+    if framework == 'paddle':
+        import paddle
+        monkeypatch.setattr(paddle, 'CUDAPlace', _FakeCUDAPlace)
+
+
+def gpu_index(framework, device):
+    """The GPU number of `device`, or None for a CPU device."""
+    if framework == 'pytorch':
+        return device.index if device.type == 'cuda' else None
+    if framework == 'mxnet':
+        return device.device_id if device.device_type == 'gpu' else None
+    return device.get_device_id() if isinstance(device, _FakeCUDAPlace) \
+        else None
+
+
+@pytest.mark.parametrize('g', [0, 1, 2, 8])
+@pytest.mark.parametrize('k', [1, 2, 4])
+def test_k_copies_on_g_gpus_follow_the_one_rule(framework, d2l, monkeypatch,
+                                                g, k):
+    """GPUs 0..min(g, k)-1 when there are GPUs, k CPU devices when there are none."""
+    pretend_gpus(framework, d2l, monkeypatch, g)
+    devices = d2l.try_gpus(k)
+    if g == 0:
+        assert len(devices) == k
+        assert all(is_cpu(framework, d) for d in devices)
+        if framework == 'mxnet':  # distinct contexts, one per copy
+            assert [d.device_id for d in devices] == list(range(k))
+    else:
+        # Never a mix of GPUs and the CPU, even when fewer GPUs than asked.
+        assert [gpu_index(framework, d) for d in devices] == \
+            list(range(min(g, k)))
+
+
+@pytest.mark.parametrize('g, k, expected', [
+    (0, 2, '2 copies of the model on '),
+    (0, 1, '1 copy of the model on '),
+    (1, 2, '2 devices asked, 1 GPU found: using '),
+    (2, 2, '2 GPUs (2 found): using '),
+    (8, 4, '4 GPUs (8 found): using '),
+])
+def test_describe_devices_says_what_was_chosen(framework, d2l, monkeypatch,
+                                               g, k, expected):
+    pretend_gpus(framework, d2l, monkeypatch, g)
+    line = d2l.describe_devices(d2l.try_gpus(k), k)
+    assert line.startswith(expected)
+    if g == 0:
+        assert line.endswith('(no GPU found)')
+    else:
+        assert line.count('0') >= 1 and 'cpu' not in line
+
+
+@pytest.mark.parametrize('bad', [0, -1, 1.5, '2', True, None])
+def test_try_gpus_rejects_a_count_that_is_not_a_positive_int(d2l, bad):
+    with pytest.raises(ValueError, match='num_devices must be a positive'):
+        d2l.try_gpus(bad)
+
+
+@pytest.mark.parametrize('devices, num_asked, name', [
+    ([], None, 'devices'), ('cpu', None, 'devices'), (None, None, 'devices'),
+    ('ok', 0, 'num_asked'), ('ok', 2.0, 'num_asked')])
+def test_describe_devices_rejects_bad_arguments(d2l, devices, num_asked,
+                                                name):
+    if devices == 'ok':
+        devices = d2l.try_gpus(1)
+    with pytest.raises(ValueError, match=name):
+        d2l.describe_devices(devices, num_asked)
+
+
 @pytest.mark.slow
 def test_installed_package_imports_from_any_directory(framework, tmp_path):
     """`pip install -e .` makes `from d2l import X as d2l` work outside the repo."""
@@ -98,7 +184,7 @@ def tensor(framework, values, dtype='float32'):
         return torch.from_numpy(values)
     if framework == 'mxnet':
         import mxnet as mx
-        return mx.nd.array(values, dtype=dtype)
+        return mx.np.array(values, dtype=dtype)
     import paddle
     return paddle.to_tensor(values)
 
@@ -128,7 +214,7 @@ def linear_classifier(framework, weight):
         import mxnet as mx
         net = mx.gluon.nn.Dense(n_out, in_units=n_in, use_bias=False)
         net.initialize(ctx=mx.cpu())
-        net.weight.set_data(mx.nd.array(weight))
+        net.weight.set_data(mx.np.array(weight))
         return net
     import paddle
     net = paddle.nn.Linear(n_in, n_out, bias_attr=False)
@@ -159,7 +245,7 @@ def test_sgd_updates_parameters_in_place(framework, d2l):
         grad = lambda: w.grad.numpy()
     elif framework == 'mxnet':
         import mxnet as mx
-        w = mx.nd.array(init)
+        w = mx.np.array(init)
         w.attach_grad()
         with mx.autograd.record():
             loss = (w * w).sum()
@@ -208,6 +294,9 @@ def test_loader_yields_float_images_and_integer_labels(framework, d2l, quick,
     assert tuple(X.shape) == (64, 1, 28, 28) and tuple(y.shape) == (64,)
     assert 'float32' in str(X.dtype)
     assert ('int32' if framework == 'mxnet' else 'int64') in str(y.dtype)
+    if framework == 'mxnet':  # NumPy-interface arrays, as npx operators need
+        import mxnet as mx
+        assert isinstance(X, mx.np.ndarray) and isinstance(y, mx.np.ndarray)
     X, y = collect(framework, test_iter)
     assert X.min() >= 0 and X.max() <= 1 and X.max() > 0.9
     assert set(np.unique(y)) == set(range(10))
