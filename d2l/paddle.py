@@ -850,6 +850,7 @@ def train_concise_spawn(net, num_gpus, batch_size, lr, num_epochs):
     return record
 
 import contextlib
+import json
 import logging
 import pickle
 import re
@@ -934,8 +935,10 @@ def process_group(rank, world_size, init_method='env://', timeout_s=None,
         yield device
     except BaseException:
         _record_rank_failure(rank)  # before the others see only a lost peer
+        dist.destroy_process_group()
         raise
-    finally:
+    if dist.is_initialized():  # unless the body has left the group itself
+        dist.barrier()  # leave together: see the text
         dist.destroy_process_group()
 
 def fashion_mnist_tensors(split):
@@ -1242,7 +1245,9 @@ def _skew_demo(rank, world_size, init_method, delay_s, report_dir):
         seen['last step began at'] = time.time()
         with open(os.path.join(report_dir, f'rank{rank}.json'), 'w') as f:
             json.dump(seen, f)
-        if rank != 1:
+        if rank == 1:
+            dist.destroy_process_group()  # leave now, without waiting for rank 0
+        else:
             timed_step()  # finds rank 1 gone: this process aborts here
 
 def _checkpoint_demo(rank, world_size, init_method, path):

@@ -834,8 +834,10 @@ def process_group(rank, world_size, init_method='env://', timeout_s=None,
         yield device
     except BaseException:
         _record_rank_failure(rank)  # before the others see only a lost peer
+        dist.destroy_process_group()
         raise
-    finally:
+    if dist.is_initialized():  # unless the body has left the group itself
+        dist.barrier()  # leave together: see the text
         dist.destroy_process_group()
 
 def fashion_mnist_tensors(split):
@@ -1115,7 +1117,8 @@ def _skew_demo(rank, world_size, init_method, delay_s, timeout_s):
             time.sleep(delay_s)
         seen['rank 1 late'] = timed_step()
         if rank == 1:
-            return seen  # leaving the with-block closes rank 1's connections
+            dist.destroy_process_group()  # leave now, without waiting for rank 0
+            return seen
         began = time.perf_counter()
         try:
             timed_step()
@@ -1123,6 +1126,7 @@ def _skew_demo(rank, world_size, init_method, delay_s, timeout_s):
         except RuntimeError as err:
             seen['rank 1 gone'] = time.perf_counter() - began
             seen['error'] = str(err)
+        dist.destroy_process_group()  # a broken group cannot meet at a barrier
         return seen
 
 def _checkpoint_demo(rank, world_size, init_method, path):

@@ -613,3 +613,77 @@ def test_paddle_ranks_keep_their_own_batch_norm_statistics(framework):
                                           for r in result]
     assert np.abs(mean0 - mean1).max() > 1e-4  # trained on different shards
     assert np.array_equal(synced0, synced1)  # until rank 0's are broadcast
+
+
+# ---- The notebook: multi-process cells, in order, in one kernel (issue #11 item 6). ----
+
+PAGE = ROOT / 'chapter_multi_gpu' / 'distributed-data-parallel.md'
+
+
+def tab_cells(tab, default_tab='pytorch'):
+    """The code cells of this section's `tab`, in order, as d2lbook assigns them."""
+    import re
+    cells = []
+    for code in re.findall(r'```\{\.python \.input\}\n(.*?)```', PAGE.read_text(),
+                           re.S):
+        first = code.split('\n', 1)[0].strip()
+        if first.startswith('#@tab'):
+            tabs = [t.strip() for t in first[len('#@tab'):].split(',')]
+            if 'all' not in tabs and tab not in tabs:
+                continue
+        elif tab != default_tab:
+            continue
+        cells.append(code)
+    return cells
+
+
+def multi_process_cells(tab):
+    """Cells that start processes, up to the ResNet-18 training (whose cost CI does not repeat)."""
+    cells = []
+    for code in tab_cells(tab):
+        if 'd2l.train_ddp' in code:
+            break
+        if 'spawn_ranks(' in code and '#@save' not in code:
+            cells.append(code)
+    return cells
+
+
+def run_in_one_kernel(tab, repeats, timeout_s=300):
+    """Run the tab's cells up to its ResNet-18 part once, then its multi-process cells again
+    `repeats - 1` times, all in one Jupyter kernel; return the failures."""
+    from jupyter_client.manager import start_new_kernel
+    setup = []
+    for code in tab_cells(tab):
+        if 'd2l.train_ddp' in code:
+            break
+        setup.append(code)
+    env = dict(scenario_env(), PYDEVD_DISABLE_FILE_VALIDATION='1')
+    manager, client = start_new_kernel(kernel_name='python3', env=env,
+                                       cwd=str(PAGE.parent))
+    failures = []
+    try:
+        for attempt in range(repeats):
+            for code in (setup if attempt == 0 else multi_process_cells(tab)):
+                reply = client.execute_interactive(code, timeout=timeout_s,
+                                                   output_hook=lambda msg: None)
+                if reply['content']['status'] != 'ok':
+                    failures.append((attempt, code.split('\n', 2)[:2],
+                                     reply['content'].get('ename'),
+                                     reply['content'].get('evalue', '')[:500]))
+                    break
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+    return failures
+
+
+@pytest.mark.slow
+def test_notebook_multi_process_cells_pass_repeatedly_in_one_kernel(ddp,
+                                                                    framework):
+    # Each rank used to close its connections whenever it finished; a peer
+    # still reading from it could then abort in Gloo's background thread
+    # (SIGABRT), more often in a notebook kernel than in a script.
+    assert multi_process_cells({'pytorch': 'pytorch', 'paddle': 'paddle'}[
+        framework])
+    repeats = int(os.environ.get('D2L_DDP_KERNEL_REPEATS', '3'))
+    assert run_in_one_kernel(framework, repeats) == []
