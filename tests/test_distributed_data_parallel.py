@@ -452,14 +452,15 @@ def test_mxnet_local_kvstore_sums_what_the_contexts_push(framework):
     if framework != 'mxnet':
         pytest.skip('the KVStore example is the MXNet tab')
     import mxnet as mx
+    from mxnet import np as mnp
+    from d2l import mxnet as d2l  # noqa: F401  (NumPy interface on)
     kv = mx.kv.create('local')
-    kv.init('w', mx.nd.zeros(3))
-    kv.push('w', [mx.nd.ones(3, ctx=mx.cpu(0)),
-                  2 * mx.nd.ones(3, ctx=mx.cpu(1))])
-    sums = [mx.nd.zeros(3, ctx=mx.cpu(0)), mx.nd.zeros(3, ctx=mx.cpu(1))]
+    kv.init('w', mnp.zeros(3))
+    kv.push('w', [mnp.ones(3, ctx=mx.cpu(0)), 2 * mnp.ones(3, ctx=mx.cpu(1))])
+    sums = [mnp.zeros(3, ctx=mx.cpu(0)), mnp.zeros(3, ctx=mx.cpu(1))]
     kv.pull('w', out=sums)
     for s in sums:
-        assert s.asnumpy().tolist() == [3.0, 3.0, 3.0]
+        assert s.tolist() == [3.0, 3.0, 3.0]
     assert (kv.rank, kv.num_workers) == (0, 1)
 
 
