@@ -1011,7 +1011,7 @@ def _rank_failure(out_dir, world_size, spawn_error):
     if os.path.exists(log):
         with open(log, errors='replace') as f:
             tail = f.read()[-3000:]
-        message += f'; the end of its error stream:\n{tail}'
+        message += f'.\nThe end of its output:\n{tail}'
     return RuntimeError(message)
 
 def _join_ranks(context, out_dir, world_size):
