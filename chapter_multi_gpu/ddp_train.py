@@ -12,7 +12,8 @@ import argparse
 import pathlib
 import sys
 
-# The book's own d2l package lives one folder above this script.
+# The book's own d2l package lives one folder above this script, both in the
+# repository and in the folder of downloaded notebooks.
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 from d2l import torch as d2l  # noqa: E402
 

@@ -12,7 +12,8 @@ import argparse
 import pathlib
 import sys
 
-# The book's own d2l package lives one folder above this script.
+# The book's own d2l package lives one folder above this script, both in the
+# repository and in the folder of downloaded notebooks.
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 from d2l import paddle as d2l  # noqa: E402
 
@@ -24,8 +25,11 @@ def main():
                         help='global minibatch, shared by all processes')
     parser.add_argument('--lr', type=float, default=0.2)
     args = parser.parse_args()
-    summary = d2l.train_ddp(args.epochs, args.batch_size, args.lr)
-    if summary['rank'] == 0:
+    rank, world_size, local_rank, local_world_size = d2l.launcher_ranks()
+    summary = d2l.train_ddp(rank, world_size, 'env://', args.epochs,
+                            args.batch_size, args.lr, local_rank,
+                            local_world_size)
+    if rank == 0:
         print(d2l.describe_ddp_run(summary), flush=True)
 
 

@@ -1055,3 +1055,189 @@ def train_epoch_concise(net, train_iter, loss, optimizer, devices):
         n += X.shape[0]
     d2l._check_examples(n, 'train_iter')
     return float(total.item()), n
+
+import itertools
+import math
+
+def _check_per_device(data, name):
+    """Reject an empty list or tensors of different shapes, naming the argument.
+
+    Defined in :numref:`sec_sharded_data_parallel`"""
+    if not isinstance(data, (list, tuple)):
+        raise ValueError(f'{name} must be a list with one tensor per device; '
+                         f'got {type(data).__name__}')
+    if len(data) == 0:
+        raise ValueError(f'{name} is empty; pass one tensor per device')
+    if any(tuple(x.shape) != tuple(data[0].shape) for x in data):
+        raise ValueError(f'{name} must hold tensors of one shape, got '
+                         f'{[tuple(x.shape) for x in data]}')
+
+def reduce_scatter(data):
+    """Sum same-shaped arrays on k devices; device i receives shard i of the flat sum.
+
+    Defined in :numref:`sec_sharded_data_parallel`"""
+    _check_per_device(data, 'data')
+    bounds = onp.cumsum([0] + shard_sizes(data[0].size, len(data))).tolist()
+    shards = []
+    for i, x in enumerate(data):
+        lo, hi = bounds[i], bounds[i + 1]
+        total = x.reshape(-1)[lo:hi].copy()
+        for j, other in enumerate(data):
+            if j != i and hi > lo:  # MXNet cannot add empty arrays
+                total += other.reshape(-1)[lo:hi].as_in_ctx(x.ctx)
+        shards.append(total)
+    return shards
+
+def all_gather(shards):
+    """Concatenate the flat shards of k devices into the full flat array on every device.
+
+    Defined in :numref:`sec_sharded_data_parallel`"""
+    if len(shards) == 0 or any(s.ndim != 1 for s in shards):
+        raise ValueError('shards must be a non-empty list of 1-D tensors, '
+                         'one per device (flatten them first)')
+    return [np.concatenate([s.as_in_ctx(x.ctx) for s in shards])
+            for x in shards]
+
+def unflatten(flat, shapes):
+    """Views of the flat tensor `flat` in the given `shapes`, in order.
+
+    Defined in :numref:`sec_sharded_data_parallel`"""
+    sizes = [math.prod(shape) for shape in shapes]
+    if len(flat.shape) != 1 or flat.shape[0] != sum(sizes):
+        raise ValueError(f'flat must be a 1-D tensor of {sum(sizes)} elements '
+                         f'for these shapes; got shape {tuple(flat.shape)}')
+    bounds = [0, *itertools.accumulate(sizes)]
+    return [flat[lo:hi].reshape(tuple(shape))
+            for lo, hi, shape in zip(bounds, bounds[1:], shapes)]
+
+def lenet_flat_grad(flat, X, y):
+    """Gradient of LeNet's summed loss on (X, y) at the flat parameters `flat`.
+
+    Defined in :numref:`sec_sharded_data_parallel`"""
+    w = flat.copy()
+    w.attach_grad()
+    with autograd.record():  # slicing inside the record reaches back to w
+        loss = cross_entropy_sum(lenet(X, unflatten(w, LENET_SHAPES)), y)
+    loss.backward()
+    return w.grad
+
+def check_stage(stage):
+    """Reject a ZeRO stage other than 0 (plain data parallelism), 1, 2 or 3.
+
+    Defined in :numref:`sec_sharded_data_parallel`"""
+    if isinstance(stage, bool) or not isinstance(stage, int) \
+            or not 0 <= stage <= 3:
+        raise ValueError(f'stage must be 0 (plain data parallelism), 1, 2 '
+                         f'or 3, got {stage!r}')
+
+def _check_zero_args(params, devices):
+    """Reject an empty parameter list or device list, saying what to pass.
+
+    Defined in :numref:`sec_sharded_data_parallel`"""
+    if not isinstance(params, (list, tuple)) or len(params) == 0:
+        raise ValueError('params must be a non-empty list of tensors, such '
+                         'as d2l.lenet_params()')
+    if not isinstance(devices, (list, tuple)) or len(devices) == 0:
+        raise ValueError('devices must be a non-empty list of devices, such '
+                         'as d2l.try_gpus(2)')
+
+def _check_zero_states(states, devices, stage):
+    """Reject states that zero_init did not build for these devices and `stage`.
+
+    Defined in :numref:`sec_sharded_data_parallel`"""
+    _check_zero_args(states, devices)
+    if len(states) != len(devices):
+        raise ValueError(f'states holds {len(states)} device states but '
+                         f'devices names {len(devices)}; pass what zero_init '
+                         f'returned for these devices')
+    n = sum(math.prod(shape) for shape in LENET_SHAPES)
+    own = shard_sizes(n, len(devices))[0]
+    needed = (own if stage == 3 else n, own if stage >= 2 else n,
+              own if stage >= 1 else n)
+    held = tuple(states[0][kind].shape[0]
+                 for kind in ('params', 'grads', 'momentum'))
+    if held != needed:
+        raise ValueError(f'states hold {held} parameters, gradients and '
+                         f'momentum on device 0, but stage {stage} needs '
+                         f'{needed}; pass the stage given to zero_init')
+
+def zero_init(params, devices, stage):
+    """Each device's flat parameters, gradients and momentum, sharded as ZeRO `stage` says.
+
+    Defined in :numref:`sec_sharded_data_parallel`"""
+    check_stage(stage)
+    _check_zero_args(params, devices)
+    flat = np.concatenate([p.reshape(-1) for p in params])
+    bounds = onp.cumsum([0] + shard_sizes(flat.size, len(devices))).tolist()
+    states = []
+    for i, device in enumerate(devices):
+        mine = flat[bounds[i]:bounds[i + 1]].copyto(device)  # a fresh array
+        full = mine if stage == 3 else flat.copyto(device)
+        states.append({'params': full,
+                       'grads': np.zeros_like(mine if stage >= 2 else full),
+                       'momentum': np.zeros_like(mine if stage >= 1 else full)})
+    return states
+
+def zero_step(X, y, states, devices, stage, lr, momentum=0.9):
+    """One momentum-SGD step of LeNet on k devices with ZeRO `stage` (0: plain data parallelism).
+
+    Defined in :numref:`sec_sharded_data_parallel`"""
+    check_stage(stage)
+    _check_zero_states(states, devices, stage)
+    X_shards, y_shards = split_batch(X, y, devices)
+    fulls = [s['params'] for s in states]
+    if stage == 3:  # gathered just before use ...
+        fulls = all_gather(fulls)
+    grads = [lenet_flat_grad(w, X_s, y_s)
+             for w, X_s, y_s in zip(fulls, X_shards, y_shards)]
+    del fulls  # ... and freed right after
+    if stage == 0:
+        allreduce(grads)
+    else:  # an update needs only the summed gradient of its own shard
+        grads = reduce_scatter(grads)
+    bounds = [0, *itertools.accumulate(shard_sizes(
+        sum(math.prod(shape) for shape in LENET_SHAPES), len(devices)))]
+    owned = [slice(lo, hi) for lo, hi in zip(bounds, bounds[1:])]
+    _zero_update(states, grads, owned, devices, stage, lr / X.shape[0],
+                 momentum)
+
+def _zero_update(states, grads, owned, devices, stage, lr, momentum):
+    """Momentum-SGD update of the parameters each device owns, in place.
+
+    Defined in :numref:`sec_sharded_data_parallel`"""
+    for s, g, own in zip(states, grads, owned):
+        if stage == 1:  # the full-size buffer receives its shard
+            s['grads'][own] = g
+        else:
+            s['grads'][:] = g
+        g = s['grads'][own] if stage == 1 else s['grads']
+        s['momentum'][:] = momentum * s['momentum'] + g
+        if stage in (1, 2):  # slice assignment writes into the state
+            s['params'][own] = s['params'][own] - lr * s['momentum']
+        else:
+            s['params'][:] = s['params'] - lr * s['momentum']
+    if stage in (1, 2):  # everybody needs everybody's new parameters
+        new = all_gather([s['params'][own] for s, own in zip(states, owned)])
+        for s, w in zip(states, new):
+            s['params'][:] = w
+
+def state_bytes(state):
+    """Bytes that one device's ZeRO state holds, per kind of tensor.
+
+    Defined in :numref:`sec_sharded_data_parallel`"""
+    if not isinstance(state, dict):
+        raise ValueError('state must be one device\'s dictionary from '
+                         'zero_init, such as states[0]')
+    return {kind: x.size * onp.dtype(x.dtype).itemsize
+            for kind, x in state.items()}
+
+def zero_params(states, stage):
+    """The full flat parameters of a ZeRO run as a NumPy array, sharded or not.
+
+    Defined in :numref:`sec_sharded_data_parallel`"""
+    check_stage(stage)
+    if not isinstance(states, (list, tuple)) or len(states) == 0:
+        raise ValueError('states must be the non-empty list from zero_init')
+    if stage == 3:
+        return onp.concatenate([s['params'].asnumpy() for s in states])
+    return states[0]['params'].asnumpy()

@@ -1259,38 +1259,94 @@ def train_concise_spawn(net_fn, devices, batch_size, lr, num_epochs, seed=0):
 
 import contextlib
 import json
+import logging
 import pickle
+import re
+import signal
 import tempfile
+import threading
+import traceback
+import warnings
 import paddle.distributed as dist
 
-def ddp_backend(world_size):
-    """NCCL if this is a CUDA build with a GPU for each of `world_size` processes, Gloo otherwise.
+def _check_rank(rank, world_size, what='rank'):
+    """Reject a world size below 1 or a rank outside 0..world_size-1, naming the culprit.
 
     Defined in :numref:`sec_ddp`"""
+    for name, value in (('world_size', world_size), (what, rank)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f'{name} must be an int, got {value!r}')
     if world_size < 1:
         raise ValueError(f'world_size must be at least 1, got {world_size}')
-    if paddle.device.is_compiled_with_cuda() and num_gpus() >= world_size:
-        return 'nccl'
-    return 'gloo'
+    if not 0 <= rank < world_size:
+        raise ValueError(f'{what} must lie in 0..{world_size - 1} for a world '
+                         f'size of {world_size}, got {rank}')
 
-@contextlib.contextmanager
-def process_group():
-    """Join the group that spawn or launch described in the environment; yield (rank, world size).
+def ddp_device(local_rank, local_world_size):
+    """The GPU the launcher gave this process, else GPU `local_rank` if every local process gets one, else the CPU.
 
     Defined in :numref:`sec_ddp`"""
+    _check_rank(local_rank, local_world_size, 'local_rank')
+    if (os.environ.get('PADDLE_DISTRI_BACKEND') == 'gloo'
+            or not paddle.device.is_compiled_with_cuda() or num_gpus() == 0):
+        return 'cpu'
+    given = os.environ.get('FLAGS_selected_gpus', '').strip()
+    if given:  # set by paddle.distributed.launch (and by spawn on GPUs)
+        return f'gpu:{int(given.split(",")[0])}'
+    if num_gpus() >= local_world_size:
+        return f'gpu:{local_rank}'
+    return 'cpu'
+
+def ddp_backend(device):
+    """NCCL for a GPU, Gloo for the CPU.
+
+    Defined in :numref:`sec_ddp`"""
+    return 'nccl' if str(device).startswith('gpu') else 'gloo'
+
+@contextlib.contextmanager
+def process_group(rank, world_size, init_method='env://', timeout_s=None,
+                  device=None, local_rank=None, local_world_size=None):
+    """Join the process group that spawn or launch described in the environment; yield this process's device.
+
+    Defined in :numref:`sec_ddp`"""
+    _check_rank(rank, world_size)
+    _check_timeout(timeout_s)
     if 'PADDLE_TRAINER_ID' not in os.environ:
         raise RuntimeError(
             'no process group is described in the environment: run this code '
-            'in a process started by paddle.distributed.spawn or by '
-            'python -m paddle.distributed.launch')
-    if os.environ.get('PADDLE_DISTRI_BACKEND') == 'nccl':
-        paddle.set_device(f'gpu:{dist.ParallelEnv().device_id}')
-    else:
-        paddle.set_device('cpu')
+            'in a process started by d2l.spawn_ranks, paddle.distributed.spawn '
+            'or python -m paddle.distributed.launch')
+    given = (int(os.environ['PADDLE_TRAINER_ID']),
+             int(os.environ['PADDLE_TRAINERS_NUM']))
+    if (rank, world_size) != given:
+        raise ValueError(f'rank {rank} of world_size {world_size} does not '
+                         f'match the environment, which says rank {given[0]} '
+                         f'of {given[1]}')
+    if init_method != 'env://':
+        raise ValueError(f"init_method must be 'env://' in PaddlePaddle, which "
+                         f'reads the rendezvous from the environment; got '
+                         f'{init_method!r}')
+    local_rank = int(os.environ.get('PADDLE_LOCAL_RANK', rank)) \
+        if local_rank is None else local_rank
+    local_world_size = int(os.environ.get('PADDLE_LOCAL_SIZE', world_size)) \
+        if local_world_size is None else local_world_size
+    if device is None:
+        device = ddp_device(local_rank, local_world_size)
+    if timeout_s is not None:
+        if ddp_backend(device) != 'nccl':
+            raise ValueError("timeout_s must be None on the CPU: PaddlePaddle's "
+                             'Gloo group has no timeout')
+        os.environ['PADDLE_PG_TIMEOUT'] = str(int(timeout_s * 1000))
+    paddle.set_device(device)
     dist.init_parallel_env()
     try:
-        yield dist.get_rank(), dist.get_world_size()
-    finally:
+        yield device
+    except BaseException:
+        _record_rank_failure(rank)  # before the others see only a lost peer
+        dist.destroy_process_group()
+        raise
+    if dist.is_initialized():  # unless the body has left the group itself
+        dist.barrier()  # leave together: see the text
         dist.destroy_process_group()
 
 def fashion_mnist_tensors(split):
@@ -1308,7 +1364,7 @@ def shard_of_batch(X, y, step, rank, world_size, batch_size):
     idx = paddle.arange(start, start + batch_size) % y.shape[0]
     return paddle.gather(X, idx), paddle.gather(y, idx)
 
-def small_mlp(seed):
+def _small_mlp(seed):
     """A two-layer perceptron for 28x28 images, initialised from `seed`; no batch norm.
 
     Defined in :numref:`sec_ddp`"""
@@ -1322,7 +1378,8 @@ def flat_parameters(net):
     Defined in :numref:`sec_ddp`"""
     return np.concatenate([p.numpy().reshape(-1) for p in net.parameters()])
 
-def sgd_on_shards(net, optimizer, rank, world_size, num_steps, batch_size):
+def sgd_on_shards(net, optimizer, rank, world_size, num_steps, batch_size,
+                  device):
     """Take `num_steps` optimizer steps, rank `rank` training on its shard of each global minibatch.
 
     Defined in :numref:`sec_ddp`"""
@@ -1330,62 +1387,255 @@ def sgd_on_shards(net, optimizer, rank, world_size, num_steps, batch_size):
     for step in range(num_steps):
         X_shard, y_shard = shard_of_batch(X, y, step, rank, world_size,
                                           batch_size)
-        loss = F.cross_entropy(net(X_shard), y_shard)
+        y_hat = net(X_shard.to(device))
+        loss = F.cross_entropy(y_hat, y_shard.to(y_hat.place))
         loss.backward()  # a DataParallel model averages the gradients here
         optimizer.step()
         optimizer.clear_grad()
 
-def spawn_ranks(worker, world_size, *args, backend=None):
-    """Run worker(*args) in `world_size` new processes; return their results by rank.
+_rank_report_dir = None  # set in the processes that spawn_ranks starts
+
+def _record_rank_failure(rank):
+    """In a process that spawn_ranks started, write down the exception being handled, if it is the first.
 
     Defined in :numref:`sec_ddp`"""
-    backend = backend or ddp_backend(world_size)
-    with tempfile.TemporaryDirectory() as out_dir:
-        dist.spawn(_run_rank, args=(worker, args, out_dir),
-                   nprocs=world_size, backend=backend)
-        results = []
-        for rank in range(world_size):
-            with open(os.path.join(out_dir, f'rank{rank}.pkl'), 'rb') as f:
-                results.append(pickle.load(f))
+    if _rank_report_dir is None:
+        return
+    path = os.path.join(_rank_report_dir, f'rank{rank}.error')
+    if not os.path.exists(path):  # the first error is the cause
+        with open(path + '.part', 'w') as f:
+            f.write(f'{time.time()!r}\n{traceback.format_exc()}')
+        os.replace(path + '.part', path)  # readers never see half a file
+
+def _check_timeout(timeout_s):
+    """Accept None or a positive number of seconds for a process group's timeout.
+
+    Defined in :numref:`sec_ddp`"""
+    if timeout_s is None:
+        return
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) \
+            or not timeout_s > 0 or timeout_s == float('inf'):
+        raise ValueError(f'timeout_s must be a positive number of seconds or '
+                         f'None (the backend default), got {timeout_s!r}')
+
+def _check_worker(worker, args):
+    """Fail early, in this process, if spawned processes could not import `worker` or unpickle `args`.
+
+    Defined in :numref:`sec_ddp`"""
+    if not callable(worker):
+        raise TypeError(f'worker must be a function, got {worker!r}')
+    main = sys.modules.get('__main__')
+    if getattr(worker, '__module__', None) == '__main__' and \
+            not hasattr(main, '__file__'):
+        raise ValueError(
+            f'worker {worker.__name__} is defined in this notebook or '
+            f'interpreter session, which new processes cannot import: save it '
+            f'in a module (as the book saves its workers in d2l) and pass that')
+    for name, value in (('worker', worker), ('args', args)):
+        try:
+            pickle.dumps(value)
+        except Exception as err:
+            raise ValueError(
+                f'{name} cannot be sent to new processes ({err}); use a '
+                f'function defined at the top level of a module and '
+                f'arguments that pickle') from None
+
+def _start_rank(rank, out_dir, parent_pid):
+    """Prepare a process that spawn_ranks started: report to out_dir, log there, die with the parent.
+
+    Defined in :numref:`sec_ddp`"""
+    global _rank_report_dir
+    _rank_report_dir = out_dir
+    log = os.open(os.path.join(out_dir, f'rank{rank}.log'),
+                  os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    for stream in (1, 2):  # C++ log lines and dumps bypass sys.stdout/stderr
+        os.dup2(log, stream)
+    os.close(log)
+    if sys.platform.startswith('linux'):
+        import ctypes
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent_pid:  # the parent died before we asked
+        os._exit(1)
+
+def _finish_rank(rank, out_dir, result):
+    """Store the result of a worker where spawn_ranks collects it.
+
+    Defined in :numref:`sec_ddp`"""
+    with open(os.path.join(out_dir, f'rank{rank}.pkl.part'), 'wb') as f:
+        pickle.dump(result, f)
+    os.replace(os.path.join(out_dir, f'rank{rank}.pkl.part'),
+               os.path.join(out_dir, f'rank{rank}.pkl'))
+
+@contextlib.contextmanager
+def _quiet_logger(name):
+    """Hide the informational and warning records of logger `name` in the body of a `with` block.
+
+    Defined in :numref:`sec_ddp`"""
+    logger = logging.getLogger(name)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+def _stop_processes(processes, grace_s=3.0):
+    """Terminate the processes that still run, kill those that ignore it, and reap them all.
+
+    Defined in :numref:`sec_ddp`"""
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+    deadline = time.monotonic() + grace_s
+    for process in processes:
+        process.join(max(0.0, deadline - time.monotonic()))
+        if process.is_alive():
+            process.kill()
+            process.join()
+
+def _rank_failure(out_dir, world_size, spawn_error):
+    """The error to raise for a failed group: the first one a rank wrote, or a summary of how a rank died.
+
+    Defined in :numref:`sec_ddp`"""
+    written = []
+    for rank in range(world_size):
+        path = os.path.join(out_dir, f'rank{rank}.error')
+        if os.path.exists(path):
+            with open(path) as f:
+                when, trace = f.read().split('\n', 1)
+            written.append((float(when), rank, trace))
+    if written:
+        _, rank, trace = min(written)
+        return RuntimeError(f'rank {rank} of {world_size} failed:\n{trace}')
+    said = str(spawn_error).strip() or type(spawn_error).__name__
+    found = re.search(r'process (\d+) terminated with (.*)', said, re.I)
+    if not found:
+        return RuntimeError(f'a rank failed: {said}')
+    rank = int(found.group(1))
+    message = (f'rank {rank} of {world_size} died '
+               f'({found.group(2).rstrip(".")}) without a Python error')
+    log = os.path.join(out_dir, f'rank{rank}.log')
+    if os.path.exists(log):
+        with open(log, errors='replace') as f:
+            tail = f.read()[-3000:]
+        message += f'.\nThe end of its output:\n{tail}'
+    return RuntimeError(message)
+
+def _join_ranks(context, out_dir, world_size):
+    """Wait for the processes of spawn_ranks; on a failure, an interrupt or SIGTERM stop them all.
+
+    Defined in :numref:`sec_ddp`"""
+    def on_sigterm(signum, frame):
+        raise SystemExit(128 + signum)  # unwinds through the clean-up below
+
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    if in_main_thread:
+        previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        while not context.join(timeout=0.2):
+            pass
+    except Exception as err:  # a rank failed
+        _stop_processes(context.processes)
+        raise _rank_failure(out_dir, world_size, err) from None
+    except BaseException:  # KeyboardInterrupt, or SystemExit from SIGTERM
+        _stop_processes(context.processes)
+        raise
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, previous)
+
+def _collect_results(out_dir, world_size):
+    """The results that the ranks of spawn_ranks stored, by rank.
+
+    Defined in :numref:`sec_ddp`"""
+    results = []
+    for rank in range(world_size):
+        with open(os.path.join(out_dir, f'rank{rank}.pkl'), 'rb') as f:
+            results.append(pickle.load(f))
     return results
 
-def _run_rank(worker, args, out_dir):
-    """Body of one spawned process: run the worker and store its result.
+def spawn_ranks(worker, world_size, *args, backend=None):
+    """Run worker(rank, world_size, *args) in `world_size` new processes; return their results by rank.
 
     Defined in :numref:`sec_ddp`"""
-    result = worker(*args)
+    _check_rank(0, world_size)
+    _check_worker(worker, args)
+    if backend is None:
+        backend = ddp_backend(ddp_device(0, world_size))
+    if backend not in ('gloo', 'nccl'):
+        raise ValueError(f"backend must be 'gloo', 'nccl' or None, got {backend!r}")
+    with tempfile.TemporaryDirectory(prefix='d2l-ranks-') as out_dir, \
+            _quiet_paddle_children(), _quiet_logger('root'):
+        context = dist.spawn(_run_rank, args=(worker, args, out_dir,
+                                              os.getpid()),
+                             nprocs=world_size, backend=backend, join=False)
+        _join_ranks(context, out_dir, world_size)
+        return _collect_results(out_dir, world_size)
+
+@contextlib.contextmanager
+def _quiet_paddle_children():
+    """Keep PaddlePaddle's start-up notices and informational C++ logs out of the parent's output.
+
+    Defined in :numref:`sec_ddp`"""
+    quiet = {'GLOG_minloglevel': '2',  # read when a child imports paddle
+             'PYTHONWARNINGS': 'ignore::UserWarning'}
+    saved = {name: os.environ.get(name) for name in quiet}
+    os.environ.update(quiet)
+    try:
+        with warnings.catch_warnings():
+            # spawn says once per call that a CPU build trains on the CPU.
+            warnings.filterwarnings('ignore', message='.*CPUONLY')
+            yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+def _run_rank(worker, args, out_dir, parent_pid):
+    """Body of one process of spawn_ranks: run the worker, store its result or its error.
+
+    Defined in :numref:`sec_ddp`"""
     rank = int(os.environ['PADDLE_TRAINER_ID'])  # set by spawn
-    with open(os.path.join(out_dir, f'rank{rank}.pkl'), 'wb') as f:
-        pickle.dump(result, f)
+    _start_rank(rank, out_dir, parent_pid)
+    try:
+        result = worker(rank, int(os.environ['PADDLE_TRAINERS_NUM']), *args)
+    except BaseException:
+        _record_rank_failure(rank)  # unless process_group already did
+        raise
+    _finish_rank(rank, out_dir, result)
 
-def ddp_sgd_steps(num_steps, batch_size, lr):
-    """DataParallel worker: `num_steps` of SGD on `small_mlp`, `batch_size` examples per rank; returns the parameters.
+def ddp_sgd_steps(rank, world_size, init_method, num_steps, batch_size, lr):
+    """DataParallel worker: `num_steps` of SGD on `_small_mlp`, `batch_size` examples per rank; returns the parameters.
 
     Defined in :numref:`sec_ddp`"""
-    with process_group() as (rank, world_size):
+    with process_group(rank, world_size, init_method) as device:
         # Seeds differ on purpose: wrapping the model must make the copies agree.
-        net = paddle.DataParallel(small_mlp(seed=rank))
+        net = paddle.DataParallel(_small_mlp(seed=rank))
         optimizer = paddle.optimizer.SGD(learning_rate=lr,
                                          parameters=net.parameters())
-        sgd_on_shards(net, optimizer, rank, world_size, num_steps, batch_size)
+        sgd_on_shards(net, optimizer, rank, world_size, num_steps, batch_size,
+                      device)
         return flat_parameters(net)
 
 def sgd_steps_one_process(num_steps, batch_size, lr):
     """The same SGD in this process alone, on minibatches of `batch_size`, from rank 0's start.
 
     Defined in :numref:`sec_ddp`"""
-    net = small_mlp(seed=0)
+    net = _small_mlp(seed=0)
     optimizer = paddle.optimizer.SGD(learning_rate=lr,
                                      parameters=net.parameters())
-    sgd_on_shards(net, optimizer, 0, 1, num_steps, batch_size)
+    sgd_on_shards(net, optimizer, 0, 1, num_steps, batch_size, 'cpu')
     return flat_parameters(net)
 
-def skew_demo(delay_s, report_dir):
+def _skew_demo(rank, world_size, init_method, delay_s, report_dir):
     """Time DataParallel steps while rank 1 is late once and then leaves; write each rank's timings.
 
     Defined in :numref:`sec_ddp`"""
-    with process_group() as (rank, world_size):
-        net = paddle.DataParallel(small_mlp(seed=0))
+    with process_group(rank, world_size, init_method, device='cpu'):
+        net = paddle.DataParallel(_small_mlp(seed=0))
         X, y = shard_of_batch(*fashion_mnist_tensors('train'), 0, rank,
                               world_size, 32)
 
@@ -1403,35 +1653,37 @@ def skew_demo(delay_s, report_dir):
         seen['last step began at'] = time.time()
         with open(os.path.join(report_dir, f'rank{rank}.json'), 'w') as f:
             json.dump(seen, f)
-        if rank != 1:
+        if rank == 1:
+            dist.destroy_process_group()  # leave now, without waiting for rank 0
+        else:
             timed_step()  # finds rank 1 gone: this process aborts here
 
-def checkpoint_demo(path):
+def _checkpoint_demo(rank, world_size, init_method, path):
     """Train, save on rank 0, load into a fresh model on every rank; return the parameters before and after.
 
     Defined in :numref:`sec_ddp`"""
-    with process_group() as (rank, world_size):
-        net = paddle.DataParallel(small_mlp(seed=0))
+    with process_group(rank, world_size, init_method) as device:
+        net = paddle.DataParallel(_small_mlp(seed=0))
         optimizer = paddle.optimizer.Momentum(
             learning_rate=0.1, momentum=0.9, parameters=net.parameters())
-        sgd_on_shards(net, optimizer, rank, world_size, 3, 32)
+        sgd_on_shards(net, optimizer, rank, world_size, 3, 32, device)
         if rank == 0:  # the copies are equal, so one writer suffices
             paddle.save(net.state_dict(), path)
         dist.barrier()  # nobody reads before rank 0 has finished writing
-        fresh = small_mlp(seed=100 + rank)
+        fresh = _small_mlp(seed=100 + rank)
         before = flat_parameters(fresh)
         # NumPy arrays carry no device: each parameter keeps its own place.
         fresh.set_state_dict(paddle.load(path, return_numpy=True))
         return {'trained': flat_parameters(net), 'before': before,
                 'after': flat_parameters(fresh)}
 
-class TwoDeviceMLP(nn.Layer):
-    """`small_mlp` cut in two: the hidden layer on devices[0], the output layer on devices[1].
+class _TwoDeviceMLP(nn.Layer):
+    """`_small_mlp` cut in two: the hidden layer on devices[0], the output layer on devices[1].
 
     Defined in :numref:`sec_ddp`"""
     def __init__(self, devices, seed):
         super().__init__()
-        paddle.seed(seed)  # same draws, in the same order, as small_mlp
+        paddle.seed(seed)  # same draws, in the same order, as _small_mlp
         self.devices = devices
         self.lower = nn.Sequential(nn.Flatten(), nn.Linear(784, 64), nn.ReLU())
         self.upper = nn.Linear(64, 10)
@@ -1442,16 +1694,18 @@ class TwoDeviceMLP(nn.Layer):
         hidden = self.lower(X.to(self.devices[0]))
         return self.upper(hidden.to(self.devices[1]))  # activations cross over
 
-def model_parallel_ddp_steps(num_steps, batch_size, lr):
+def model_parallel_ddp_steps(rank, world_size, init_method, num_steps,
+                             batch_size, lr):
     """DataParallel worker whose model is cut into two parts; returns its devices and parameters.
 
     Defined in :numref:`sec_ddp`"""
-    with process_group() as (rank, world_size):
-        devices = ['cpu', 'cpu']  # see the text: both halves on the CPU
-        net = paddle.DataParallel(TwoDeviceMLP(devices, seed=rank))
+    devices = ['cpu', 'cpu']  # see the text: both halves on the CPU
+    with process_group(rank, world_size, init_method, device=devices[0]):
+        net = paddle.DataParallel(_TwoDeviceMLP(devices, seed=rank))
         optimizer = paddle.optimizer.SGD(learning_rate=lr,
                                          parameters=net.parameters())
-        sgd_on_shards(net, optimizer, rank, world_size, num_steps, batch_size)
+        sgd_on_shards(net, optimizer, rank, world_size, num_steps, batch_size,
+                      devices[0])
         return {'devices': devices, 'parameters': flat_parameters(net)}
 
 def local_batch_size(batch_size, world_size):
@@ -1466,7 +1720,7 @@ def local_batch_size(batch_size, world_size):
             f'{below} or {below + world_size}')
     return batch_size // world_size
 
-def evaluate_accuracy_ddp(net, rank, world_size, batch_size=256):
+def evaluate_accuracy_ddp(net, device, rank, world_size, batch_size=256):
     """Test accuracy of `net` over all ranks: each scores every world_size-th image, then the counts are summed.
 
     Defined in :numref:`sec_ddp`"""
@@ -1479,18 +1733,38 @@ def evaluate_accuracy_ddp(net, rank, world_size, batch_size=256):
     net.eval()
     with paddle.no_grad():
         for i in range(0, y.shape[0], batch_size):
-            correct += accuracy(net(X[i:i + batch_size]), y[i:i + batch_size])
+            correct += accuracy(net(X[i:i + batch_size].to(device)),
+                                y[i:i + batch_size].to(device))
             n += y[i:i + batch_size].shape[0]
     counts = paddle.to_tensor([correct, float(n)], dtype='float64')
     dist.all_reduce(counts)  # correct predictions and images of all ranks
     return float(counts[0] / counts[1])
 
-def train_ddp(num_epochs, batch_size, lr):
+def _batch_norm_statistics_demo(rank, world_size, init_method, num_steps):
+    """Train a perceptron with batch norm under DataParallel; return its running mean before and after a broadcast.
+
+    Defined in :numref:`sec_ddp`"""
+    with process_group(rank, world_size, init_method) as device:
+        paddle.seed(0)
+        norm = nn.BatchNorm1D(64)
+        net = paddle.DataParallel(nn.Sequential(
+            nn.Flatten(), nn.Linear(784, 64), norm, nn.ReLU(),
+            nn.Linear(64, 10)))
+        optimizer = paddle.optimizer.SGD(learning_rate=0.1,
+                                         parameters=net.parameters())
+        sgd_on_shards(net, optimizer, rank, world_size, num_steps, 32, device)
+        trained = norm._mean.numpy().copy()
+        dist.broadcast(norm._mean, src=0)
+        return trained, norm._mean.numpy()
+
+def train_ddp(rank, world_size, init_method, num_epochs, batch_size, lr,
+              local_rank=None, local_world_size=None):
     """Train d2l.resnet18 on Fashion-MNIST with DataParallel at global batch `batch_size`; return a summary.
 
     Defined in :numref:`sec_ddp`"""
-    with process_group() as (rank, world_size):
-        local_batch = local_batch_size(batch_size, world_size)
+    local_batch = local_batch_size(batch_size, world_size)
+    with process_group(rank, world_size, init_method, local_rank=local_rank,
+                       local_world_size=local_world_size) as device:
         train_set = paddle.io.TensorDataset(list(fashion_mnist_tensors('train')))
         sampler = paddle.io.DistributedBatchSampler(
             train_set, local_batch, num_replicas=world_size, rank=rank,
@@ -1501,7 +1775,7 @@ def train_ddp(num_epochs, batch_size, lr):
         optimizer = paddle.optimizer.SGD(learning_rate=lr,
                                          parameters=net.parameters())
         summary = {'rank': rank, 'world_size': world_size,
-                   'backend': os.environ.get('PADDLE_DISTRI_BACKEND'),
+                   'backend': ddp_backend(device),
                    'device': paddle.get_device(), 'train_loss': [],
                    'epoch_s': []}
         timer = Timer()
@@ -1522,7 +1796,8 @@ def train_ddp(num_epochs, batch_size, lr):
             # Reading the result waits for the device, so the clock stops after it.
             summary['train_loss'].append(float(totals[0] / totals[1]))
             summary['epoch_s'].append(timer.stop())
-        summary['test_acc'] = evaluate_accuracy_ddp(net, rank, world_size)
+        summary['test_acc'] = evaluate_accuracy_ddp(net, device, rank,
+                                                    world_size)
         summary['data'] = describe_mode(quick_mode(num_gpus()), len(train_set),
                                         fashion_mnist_tensors('test')[1].shape[0])
         return summary
@@ -1539,12 +1814,240 @@ def describe_ddp_run(summary):
             f'test accuracy {summary["test_acc"]:.3f}, {seconds:.1f} s/epoch '
             f'on rank {summary["rank"]}')
 
-def ddp_script_path(framework='paddle'):
-    """Where the book keeps its launcher script for `framework` ('torch' or 'paddle').
+def launcher_ranks():
+    """(rank, world size, local rank, local world size) as set by paddle.distributed.launch.
+
+    Defined in :numref:`sec_ddp`"""
+    names = ('PADDLE_TRAINER_ID', 'PADDLE_TRAINERS_NUM')
+    missing = [name for name in names if name not in os.environ]
+    if missing:
+        raise RuntimeError(
+            f'{", ".join(missing)} not set: start this script with '
+            f'python -m paddle.distributed.launch, for example with '
+            f'--nproc_per_node 2 {sys.argv[0]}')
+    rank, world_size = (int(os.environ[name]) for name in names)
+    # spawn describes one machine and leaves the local numbers out
+    return (rank, world_size,
+            int(os.environ.get('PADDLE_LOCAL_RANK', rank)),
+            int(os.environ.get('PADDLE_LOCAL_SIZE', world_size)))
+
+def ddp_script_path(framework=None):
+    """Path of the book's launcher script for `framework` ('torch' or 'paddle'; default: this module's).
 
     Defined in :numref:`sec_ddp`"""
     names = {'torch': 'ddp_train.py', 'paddle': 'ddp_train_paddle.py'}
+    if framework is None:
+        framework = __name__.rsplit('.', 1)[-1]  # d2l.torch or d2l.paddle
     if framework not in names:
         raise ValueError(f"framework must be 'torch' or 'paddle', got {framework!r}")
+    name = names[framework]
+    # In the repository the script sits in chapter_multi_gpu/ next to d2l/;
+    # in a downloaded notebook folder it sits beside the notebook, which is
+    # where Jupyter starts; the book's commands run from the repository root.
     book_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    return os.path.join(book_root, 'chapter_multi_gpu', names[framework])
+    places = [os.path.join(book_root, 'chapter_multi_gpu', name),
+              os.path.join(os.getcwd(), name),
+              os.path.join(os.getcwd(), 'chapter_multi_gpu', name)]
+    for place in places:
+        if os.path.isfile(place):
+            return place
+    raise FileNotFoundError(
+        f'{name} is in none of ' + ', '.join(places) + ': run from the '
+        f"book's root folder or from the folder of this section's notebook")
+
+import itertools
+import math
+
+def _check_per_device(data, name):
+    """Reject an empty list or tensors of different shapes, naming the argument.
+
+    Defined in :numref:`sec_sharded_data_parallel`"""
+    if not isinstance(data, (list, tuple)):
+        raise ValueError(f'{name} must be a list with one tensor per device; '
+                         f'got {type(data).__name__}')
+    if len(data) == 0:
+        raise ValueError(f'{name} is empty; pass one tensor per device')
+    if any(tuple(x.shape) != tuple(data[0].shape) for x in data):
+        raise ValueError(f'{name} must hold tensors of one shape, got '
+                         f'{[tuple(x.shape) for x in data]}')
+
+def reduce_scatter(data):
+    """Sum same-shaped tensors on k devices; device i receives shard i of the flat sum.
+
+    Defined in :numref:`sec_sharded_data_parallel`"""
+    _check_per_device(data, 'data')
+    bounds = np.cumsum([0] + shard_sizes(data[0].size, len(data))).tolist()
+    shards = []
+    with paddle.no_grad():
+        for i, x in enumerate(data):
+            place = _typed_place(x.place)  # guards want CPUPlace/CUDAPlace
+            with paddle.device.device_guard(place):
+                lo, hi = bounds[i], bounds[i + 1]
+                total = x.reshape([-1])[lo:hi].clone()
+                for j, other in enumerate(data):
+                    if j != i:  # shard i of device j travels to device i
+                        total += other.reshape([-1])[lo:hi].to(place)
+            shards.append(total)
+    return shards
+
+def all_gather(shards):
+    """Concatenate the flat shards of k devices into the full flat tensor on every device.
+
+    Defined in :numref:`sec_sharded_data_parallel`"""
+    if len(shards) == 0 or any(len(s.shape) != 1 for s in shards):
+        raise ValueError('shards must be a non-empty list of 1-D tensors, '
+                         'one per device (flatten them first)')
+    gathered = []
+    for x in shards:
+        place = _typed_place(x.place)
+        with paddle.device.device_guard(place):
+            gathered.append(paddle.concat([s.detach().to(place)
+                                           for s in shards]))
+    return gathered
+
+def unflatten(flat, shapes):
+    """Views of the flat tensor `flat` in the given `shapes`, in order.
+
+    Defined in :numref:`sec_sharded_data_parallel`"""
+    sizes = [math.prod(shape) for shape in shapes]
+    if len(flat.shape) != 1 or flat.shape[0] != sum(sizes):
+        raise ValueError(f'flat must be a 1-D tensor of {sum(sizes)} elements '
+                         f'for these shapes; got shape {tuple(flat.shape)}')
+    bounds = [0, *itertools.accumulate(sizes)]
+    return [flat[lo:hi].reshape(tuple(shape))
+            for lo, hi, shape in zip(bounds, bounds[1:], shapes)]
+
+def lenet_flat_grad(flat, X, y):
+    """Gradient of LeNet's summed loss on (X, y) at the flat parameters `flat`.
+
+    Defined in :numref:`sec_sharded_data_parallel`"""
+    with paddle.device.device_guard(_typed_place(flat.place)):
+        w = flat.detach()
+        w.stop_gradient = False
+        cross_entropy_sum(lenet(X, unflatten(w, LENET_SHAPES)), y).backward()
+    return w.grad
+
+def check_stage(stage):
+    """Reject a ZeRO stage other than 0 (plain data parallelism), 1, 2 or 3.
+
+    Defined in :numref:`sec_sharded_data_parallel`"""
+    if isinstance(stage, bool) or not isinstance(stage, int) \
+            or not 0 <= stage <= 3:
+        raise ValueError(f'stage must be 0 (plain data parallelism), 1, 2 '
+                         f'or 3, got {stage!r}')
+
+def _check_zero_args(params, devices):
+    """Reject an empty parameter list or device list, saying what to pass.
+
+    Defined in :numref:`sec_sharded_data_parallel`"""
+    if not isinstance(params, (list, tuple)) or len(params) == 0:
+        raise ValueError('params must be a non-empty list of tensors, such '
+                         'as d2l.lenet_params()')
+    if not isinstance(devices, (list, tuple)) or len(devices) == 0:
+        raise ValueError('devices must be a non-empty list of devices, such '
+                         'as d2l.try_gpus(2)')
+
+def _check_zero_states(states, devices, stage):
+    """Reject states that zero_init did not build for these devices and `stage`.
+
+    Defined in :numref:`sec_sharded_data_parallel`"""
+    _check_zero_args(states, devices)
+    if len(states) != len(devices):
+        raise ValueError(f'states holds {len(states)} device states but '
+                         f'devices names {len(devices)}; pass what zero_init '
+                         f'returned for these devices')
+    n = sum(math.prod(shape) for shape in LENET_SHAPES)
+    own = shard_sizes(n, len(devices))[0]
+    needed = (own if stage == 3 else n, own if stage >= 2 else n,
+              own if stage >= 1 else n)
+    held = tuple(states[0][kind].shape[0]
+                 for kind in ('params', 'grads', 'momentum'))
+    if held != needed:
+        raise ValueError(f'states hold {held} parameters, gradients and '
+                         f'momentum on device 0, but stage {stage} needs '
+                         f'{needed}; pass the stage given to zero_init')
+
+def zero_init(params, devices, stage):
+    """Each device's flat parameters, gradients and momentum, sharded as ZeRO `stage` says.
+
+    Defined in :numref:`sec_sharded_data_parallel`"""
+    check_stage(stage)
+    _check_zero_args(params, devices)
+    flat = paddle.concat([p.detach().reshape([-1]) for p in params])
+    bounds = np.cumsum([0] + shard_sizes(flat.size, len(devices))).tolist()
+    states = []
+    for i, device in enumerate(devices):
+        with paddle.device.device_guard(device):
+            mine = flat[bounds[i]:bounds[i + 1]].clone().to(device)
+            full = mine if stage == 3 else flat.clone().to(device)
+            states.append({'params': full,
+                           'grads': paddle.zeros_like(mine if stage >= 2 else full),
+                           'momentum': paddle.zeros_like(mine if stage >= 1 else full)})
+    return states
+
+def zero_step(X, y, states, devices, stage, lr, momentum=0.9):
+    """One momentum-SGD step of LeNet on k devices with ZeRO `stage` (0: plain data parallelism).
+
+    Defined in :numref:`sec_sharded_data_parallel`"""
+    check_stage(stage)
+    _check_zero_states(states, devices, stage)
+    X_shards, y_shards = split_batch(X, y, devices)
+    fulls = [s['params'] for s in states]
+    if stage == 3:  # gathered just before use ...
+        fulls = all_gather(fulls)
+    grads = [lenet_flat_grad(w, X_s, y_s)
+             for w, X_s, y_s in zip(fulls, X_shards, y_shards)]
+    del fulls  # ... and freed right after
+    if stage == 0:
+        allreduce(grads)
+    else:  # an update needs only the summed gradient of its own shard
+        grads = reduce_scatter(grads)
+    bounds = [0, *itertools.accumulate(shard_sizes(
+        sum(math.prod(shape) for shape in LENET_SHAPES), len(devices)))]
+    owned = [slice(lo, hi) for lo, hi in zip(bounds, bounds[1:])]
+    _zero_update(states, grads, owned, devices, stage, lr / X.shape[0],
+                 momentum)
+
+def _zero_update(states, grads, owned, devices, stage, lr, momentum):
+    """Momentum-SGD update of the parameters each device owns, in place.
+
+    Defined in :numref:`sec_sharded_data_parallel`"""
+    with paddle.no_grad():
+        for s, g, own, device in zip(states, grads, owned, devices):
+            with paddle.device.device_guard(device):
+                if stage == 1:  # the full-size buffer receives its shard
+                    s['grads'][own] = g
+                else:
+                    s['grads'][:] = g
+                g = s['grads'][own] if stage == 1 else s['grads']
+                s['momentum'][:] = momentum * s['momentum'] + g
+                if stage in (1, 2):  # slice assignment writes into the state
+                    s['params'][own] = s['params'][own] - lr * s['momentum']
+                else:
+                    s['params'][:] = s['params'] - lr * s['momentum']
+        if stage in (1, 2):  # everybody needs everybody's new parameters
+            new = all_gather([s['params'][own]
+                              for s, own in zip(states, owned)])
+            for s, w, device in zip(states, new, devices):
+                with paddle.device.device_guard(device):
+                    s['params'][:] = w
+
+def state_bytes(state):
+    """Bytes that one device's ZeRO state holds, per kind of tensor.
+
+    Defined in :numref:`sec_sharded_data_parallel`"""
+    if not isinstance(state, dict):
+        raise ValueError('state must be one device\'s dictionary from '
+                         'zero_init, such as states[0]')
+    return {kind: x.size * x.element_size() for kind, x in state.items()}
+
+def zero_params(states, stage):
+    """The full flat parameters of a ZeRO run as a NumPy array, sharded or not.
+
+    Defined in :numref:`sec_sharded_data_parallel`"""
+    check_stage(stage)
+    if not isinstance(states, (list, tuple)) or len(states) == 0:
+        raise ValueError('states must be the non-empty list from zero_init')
+    if stage == 3:
+        return np.concatenate([s['params'].numpy() for s in states])
+    return states[0]['params'].numpy()

@@ -1059,14 +1059,19 @@ def train_epoch_concise(net, train_iter, loss, optimizer, devices):
 
 import contextlib
 import datetime
+import logging
 import pickle
+import re
+import signal
 import socket
 import tempfile
+import threading
+import traceback
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-def check_rank(rank, world_size, what='rank'):
+def _check_rank(rank, world_size, what='rank'):
     """Reject a world size below 1 or a rank outside 0..world_size-1, naming the culprit.
 
     Defined in :numref:`sec_ddp`"""
@@ -1083,16 +1088,16 @@ def ddp_device(local_rank, local_world_size):
     """GPU `local_rank` if every process on this machine gets its own GPU, else the CPU.
 
     Defined in :numref:`sec_ddp`"""
-    check_rank(local_rank, local_world_size, 'local_rank')
+    _check_rank(local_rank, local_world_size, 'local_rank')
     if num_gpus() >= local_world_size:
         return torch.device('cuda', local_rank)
     return torch.device('cpu')
 
 def ddp_backend(device):
-    """NCCL for a CUDA device when this PyTorch build has it, Gloo otherwise.
+    """NCCL for a GPU when this build has it, Gloo otherwise.
 
     Defined in :numref:`sec_ddp`"""
-    if device.type == 'cuda' and dist.is_nccl_available():
+    if torch.device(device).type == 'cuda' and dist.is_nccl_available():
         return 'nccl'
     return 'gloo'
 
@@ -1116,7 +1121,8 @@ def process_group(rank, world_size, init_method='env://', timeout_s=None,
     """Join a process group for the body of a `with` block; yield this process's device.
 
     Defined in :numref:`sec_ddp`"""
-    check_rank(rank, world_size)
+    _check_rank(rank, world_size)
+    _check_timeout(timeout_s)
     local_rank = rank if local_rank is None else local_rank
     local_world_size = world_size if local_world_size is None \
         else local_world_size
@@ -1132,7 +1138,12 @@ def process_group(rank, world_size, init_method='env://', timeout_s=None,
                             rank=rank, world_size=world_size, timeout=timeout)
     try:
         yield device
-    finally:
+    except BaseException:
+        _record_rank_failure(rank)  # before the others see only a lost peer
+        dist.destroy_process_group()
+        raise
+    if dist.is_initialized():  # unless the body has left the group itself
+        dist.barrier()  # leave together: see the text
         dist.destroy_process_group()
 
 def fashion_mnist_tensors(split):
@@ -1150,7 +1161,7 @@ def shard_of_batch(X, y, step, rank, world_size, batch_size):
     idx = torch.arange(start, start + batch_size) % len(y)
     return X[idx], y[idx]
 
-def small_mlp(seed):
+def _small_mlp(seed):
     """A two-layer perceptron for 28x28 images, initialised from `seed`; no batch norm.
 
     Defined in :numref:`sec_ddp`"""
@@ -1180,35 +1191,201 @@ def sgd_on_shards(net, optimizer, rank, world_size, num_steps, batch_size,
         loss.backward()  # a DDP model averages the gradients over ranks here
         optimizer.step()
 
+_rank_report_dir = None  # set in the processes that spawn_ranks starts
+
+def _record_rank_failure(rank):
+    """In a process that spawn_ranks started, write down the exception being handled, if it is the first.
+
+    Defined in :numref:`sec_ddp`"""
+    if _rank_report_dir is None:
+        return
+    path = os.path.join(_rank_report_dir, f'rank{rank}.error')
+    if not os.path.exists(path):  # the first error is the cause
+        with open(path + '.part', 'w') as f:
+            f.write(f'{time.time()!r}\n{traceback.format_exc()}')
+        os.replace(path + '.part', path)  # readers never see half a file
+
+def _check_timeout(timeout_s):
+    """Accept None or a positive number of seconds for a process group's timeout.
+
+    Defined in :numref:`sec_ddp`"""
+    if timeout_s is None:
+        return
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) \
+            or not timeout_s > 0 or timeout_s == float('inf'):
+        raise ValueError(f'timeout_s must be a positive number of seconds or '
+                         f'None (the backend default), got {timeout_s!r}')
+
+def _check_worker(worker, args):
+    """Fail early, in this process, if spawned processes could not import `worker` or unpickle `args`.
+
+    Defined in :numref:`sec_ddp`"""
+    if not callable(worker):
+        raise TypeError(f'worker must be a function, got {worker!r}')
+    main = sys.modules.get('__main__')
+    if getattr(worker, '__module__', None) == '__main__' and \
+            not hasattr(main, '__file__'):
+        raise ValueError(
+            f'worker {worker.__name__} is defined in this notebook or '
+            f'interpreter session, which new processes cannot import: save it '
+            f'in a module (as the book saves its workers in d2l) and pass that')
+    for name, value in (('worker', worker), ('args', args)):
+        try:
+            pickle.dumps(value)
+        except Exception as err:
+            raise ValueError(
+                f'{name} cannot be sent to new processes ({err}); use a '
+                f'function defined at the top level of a module and '
+                f'arguments that pickle') from None
+
+def _start_rank(rank, out_dir, parent_pid):
+    """Prepare a process that spawn_ranks started: report to out_dir, log there, die with the parent.
+
+    Defined in :numref:`sec_ddp`"""
+    global _rank_report_dir
+    _rank_report_dir = out_dir
+    log = os.open(os.path.join(out_dir, f'rank{rank}.log'),
+                  os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    for stream in (1, 2):  # C++ log lines and dumps bypass sys.stdout/stderr
+        os.dup2(log, stream)
+    os.close(log)
+    if sys.platform.startswith('linux'):
+        import ctypes
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent_pid:  # the parent died before we asked
+        os._exit(1)
+
+def _finish_rank(rank, out_dir, result):
+    """Store the result of a worker where spawn_ranks collects it.
+
+    Defined in :numref:`sec_ddp`"""
+    with open(os.path.join(out_dir, f'rank{rank}.pkl.part'), 'wb') as f:
+        pickle.dump(result, f)
+    os.replace(os.path.join(out_dir, f'rank{rank}.pkl.part'),
+               os.path.join(out_dir, f'rank{rank}.pkl'))
+
+@contextlib.contextmanager
+def _quiet_logger(name):
+    """Hide the informational and warning records of logger `name` in the body of a `with` block.
+
+    Defined in :numref:`sec_ddp`"""
+    logger = logging.getLogger(name)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+def _stop_processes(processes, grace_s=3.0):
+    """Terminate the processes that still run, kill those that ignore it, and reap them all.
+
+    Defined in :numref:`sec_ddp`"""
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+    deadline = time.monotonic() + grace_s
+    for process in processes:
+        process.join(max(0.0, deadline - time.monotonic()))
+        if process.is_alive():
+            process.kill()
+            process.join()
+
+def _rank_failure(out_dir, world_size, spawn_error):
+    """The error to raise for a failed group: the first one a rank wrote, or a summary of how a rank died.
+
+    Defined in :numref:`sec_ddp`"""
+    written = []
+    for rank in range(world_size):
+        path = os.path.join(out_dir, f'rank{rank}.error')
+        if os.path.exists(path):
+            with open(path) as f:
+                when, trace = f.read().split('\n', 1)
+            written.append((float(when), rank, trace))
+    if written:
+        _, rank, trace = min(written)
+        return RuntimeError(f'rank {rank} of {world_size} failed:\n{trace}')
+    said = str(spawn_error).strip() or type(spawn_error).__name__
+    found = re.search(r'process (\d+) terminated with (.*)', said, re.I)
+    if not found:
+        return RuntimeError(f'a rank failed: {said}')
+    rank = int(found.group(1))
+    message = (f'rank {rank} of {world_size} died '
+               f'({found.group(2).rstrip(".")}) without a Python error')
+    log = os.path.join(out_dir, f'rank{rank}.log')
+    if os.path.exists(log):
+        with open(log, errors='replace') as f:
+            tail = f.read()[-3000:]
+        message += f'.\nThe end of its output:\n{tail}'
+    return RuntimeError(message)
+
+def _join_ranks(context, out_dir, world_size):
+    """Wait for the processes of spawn_ranks; on a failure, an interrupt or SIGTERM stop them all.
+
+    Defined in :numref:`sec_ddp`"""
+    def on_sigterm(signum, frame):
+        raise SystemExit(128 + signum)  # unwinds through the clean-up below
+
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    if in_main_thread:
+        previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        while not context.join(timeout=0.2):
+            pass
+    except Exception as err:  # a rank failed
+        _stop_processes(context.processes)
+        raise _rank_failure(out_dir, world_size, err) from None
+    except BaseException:  # KeyboardInterrupt, or SystemExit from SIGTERM
+        _stop_processes(context.processes)
+        raise
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, previous)
+
+def _collect_results(out_dir, world_size):
+    """The results that the ranks of spawn_ranks stored, by rank.
+
+    Defined in :numref:`sec_ddp`"""
+    results = []
+    for rank in range(world_size):
+        with open(os.path.join(out_dir, f'rank{rank}.pkl'), 'rb') as f:
+            results.append(pickle.load(f))
+    return results
+
 def spawn_ranks(worker, world_size, *args):
     """Run worker(rank, world_size, *args) in `world_size` new processes; return their results by rank.
 
     Defined in :numref:`sec_ddp`"""
-    check_rank(0, world_size)
-    with tempfile.TemporaryDirectory() as out_dir:
-        mp.spawn(_run_rank, args=(worker, world_size, args, out_dir),
-                 nprocs=world_size)
-        results = []
-        for rank in range(world_size):
-            with open(os.path.join(out_dir, f'rank{rank}.pkl'), 'rb') as f:
-                results.append(pickle.load(f))
-    return results
+    _check_rank(0, world_size)
+    _check_worker(worker, args)
+    with tempfile.TemporaryDirectory(prefix='d2l-ranks-') as out_dir, \
+            _quiet_logger('torch.multiprocessing.spawn'):
+        context = mp.start_processes(
+            _run_rank, args=(worker, world_size, args, out_dir, os.getpid()),
+            nprocs=world_size, join=False)
+        _join_ranks(context, out_dir, world_size)
+        return _collect_results(out_dir, world_size)
 
-def _run_rank(rank, worker, world_size, args, out_dir):
-    """Body of one spawned process: run the worker and store its result.
+def _run_rank(rank, worker, world_size, args, out_dir, parent_pid):
+    """Body of one process of spawn_ranks: run the worker, store its result or its error.
 
     Defined in :numref:`sec_ddp`"""
-    result = worker(rank, world_size, *args)
-    with open(os.path.join(out_dir, f'rank{rank}.pkl'), 'wb') as f:
-        pickle.dump(result, f)
+    _start_rank(rank, out_dir, parent_pid)
+    try:
+        result = worker(rank, world_size, *args)
+    except BaseException:
+        _record_rank_failure(rank)  # unless process_group already did
+        raise
+    _finish_rank(rank, out_dir, result)
 
 def ddp_sgd_steps(rank, world_size, init_method, num_steps, batch_size, lr):
-    """DDP worker: `num_steps` of SGD on `small_mlp`, `batch_size` examples per rank; returns the parameters.
+    """DDP worker: `num_steps` of SGD on `_small_mlp`, `batch_size` examples per rank; returns the parameters.
 
     Defined in :numref:`sec_ddp`"""
     with process_group(rank, world_size, init_method) as device:
         # Seeds differ on purpose: constructing DDP must make the copies agree.
-        net = DDP(small_mlp(seed=rank).to(device))
+        net = DDP(_small_mlp(seed=rank).to(device))
         optimizer = torch.optim.SGD(net.parameters(), lr=lr)
         sgd_on_shards(net, optimizer, rank, world_size, num_steps,
                       batch_size, device)
@@ -1218,19 +1395,19 @@ def sgd_steps_one_process(num_steps, batch_size, lr):
     """The same SGD in this process alone, on minibatches of `batch_size`, from rank 0's start.
 
     Defined in :numref:`sec_ddp`"""
-    net = small_mlp(seed=0)
+    net = _small_mlp(seed=0)
     optimizer = torch.optim.SGD(net.parameters(), lr=lr)
     sgd_on_shards(net, optimizer, 0, 1, num_steps, batch_size,
                   torch.device('cpu'))
     return flat_parameters(net)
 
-def skew_demo(rank, world_size, init_method, delay_s, timeout_s):
+def _skew_demo(rank, world_size, init_method, delay_s, timeout_s):
     """Time DDP steps of every rank while rank 1 is late once and then leaves.
 
     Defined in :numref:`sec_ddp`"""
     cpu = torch.device('cpu')  # Gloo everywhere: NCCL aborts instead of raising
     with process_group(rank, world_size, init_method, timeout_s, cpu):
-        net = DDP(small_mlp(seed=0))
+        net = DDP(_small_mlp(seed=0))
         X, y = shard_of_batch(*fashion_mnist_tensors('train'), 0, rank,
                               world_size, 32)
 
@@ -1246,7 +1423,8 @@ def skew_demo(rank, world_size, init_method, delay_s, timeout_s):
             time.sleep(delay_s)
         seen['rank 1 late'] = timed_step()
         if rank == 1:
-            return seen  # leaving the with-block closes rank 1's connections
+            dist.destroy_process_group()  # leave now, without waiting for rank 0
+            return seen
         began = time.perf_counter()
         try:
             timed_step()
@@ -1254,21 +1432,22 @@ def skew_demo(rank, world_size, init_method, delay_s, timeout_s):
         except RuntimeError as err:
             seen['rank 1 gone'] = time.perf_counter() - began
             seen['error'] = str(err)
+        dist.destroy_process_group()  # a broken group cannot meet at a barrier
         return seen
 
-def checkpoint_demo(rank, world_size, init_method, path):
+def _checkpoint_demo(rank, world_size, init_method, path):
     """Train, save on rank 0, load into a fresh model on every rank; return the parameters before and after.
 
     Defined in :numref:`sec_ddp`"""
     with process_group(rank, world_size, init_method) as device:
-        net = DDP(small_mlp(seed=0).to(device))
+        net = DDP(_small_mlp(seed=0).to(device))
         optimizer = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
         sgd_on_shards(net, optimizer, rank, world_size, 3, 32, device)
         if rank == 0:  # the copies are equal, so one writer suffices
             torch.save({'model': net.module.state_dict(),
                         'optimizer': optimizer.state_dict()}, path)
         dist.barrier()  # nobody reads before rank 0 has finished writing
-        fresh = small_mlp(seed=100 + rank).to(device)
+        fresh = _small_mlp(seed=100 + rank).to(device)
         before = flat_parameters(fresh)
         # Tensors saved from rank 0's GPU land on this rank's device.
         location = {'cuda:0': str(device)} if device.type == 'cuda' else 'cpu'
@@ -1280,13 +1459,13 @@ def checkpoint_demo(rank, world_size, init_method, path):
         return {'trained': flat_parameters(net.module), 'before': before,
                 'after': flat_parameters(fresh)}
 
-class TwoDeviceMLP(nn.Module):
-    """`small_mlp` cut in two: the hidden layer on devices[0], the output layer on devices[1].
+class _TwoDeviceMLP(nn.Module):
+    """`_small_mlp` cut in two: the hidden layer on devices[0], the output layer on devices[1].
 
     Defined in :numref:`sec_ddp`"""
     def __init__(self, devices, seed):
         super().__init__()
-        torch.manual_seed(seed)  # same draws, in the same order, as small_mlp
+        torch.manual_seed(seed)  # same draws, in the same order, as _small_mlp
         self.devices = devices
         self.lower = nn.Sequential(nn.Flatten(), nn.Linear(784, 64),
                                    nn.ReLU()).to(devices[0])
@@ -1300,7 +1479,7 @@ def model_parallel_devices(local_rank, local_world_size):
     """Two devices for one process: GPUs 2*local_rank and 2*local_rank+1 if there are enough, else the CPU twice.
 
     Defined in :numref:`sec_ddp`"""
-    check_rank(local_rank, local_world_size, 'local_rank')
+    _check_rank(local_rank, local_world_size, 'local_rank')
     if num_gpus() >= 2 * local_world_size:
         return [torch.device('cuda', 2 * local_rank),
                 torch.device('cuda', 2 * local_rank + 1)]
@@ -1313,7 +1492,7 @@ def model_parallel_ddp_steps(rank, world_size, init_method, num_steps,
     Defined in :numref:`sec_ddp`"""
     devices = model_parallel_devices(rank, world_size)
     with process_group(rank, world_size, init_method, device=devices[0]):
-        net = DDP(TwoDeviceMLP(devices, seed=rank))  # no device_ids: it spans two
+        net = DDP(_TwoDeviceMLP(devices, seed=rank))  # no device_ids: it spans two
         optimizer = torch.optim.SGD(net.parameters(), lr=lr)
         sgd_on_shards(net, optimizer, rank, world_size, num_steps,
                       batch_size, devices[0])
@@ -1494,12 +1673,250 @@ def launcher_ranks():
             f'for example torchrun --nproc_per_node=2 {sys.argv[0]}')
     return tuple(int(os.environ[name]) for name in names)
 
-def ddp_script_path(framework='torch'):
-    """Where the book keeps its launcher script for `framework` ('torch' or 'paddle').
+def ddp_script_path(framework=None):
+    """Path of the book's launcher script for `framework` ('torch' or 'paddle'; default: this module's).
 
     Defined in :numref:`sec_ddp`"""
     names = {'torch': 'ddp_train.py', 'paddle': 'ddp_train_paddle.py'}
+    if framework is None:
+        framework = __name__.rsplit('.', 1)[-1]  # d2l.torch or d2l.paddle
     if framework not in names:
         raise ValueError(f"framework must be 'torch' or 'paddle', got {framework!r}")
+    name = names[framework]
+    # In the repository the script sits in chapter_multi_gpu/ next to d2l/;
+    # in a downloaded notebook folder it sits beside the notebook, which is
+    # where Jupyter starts; the book's commands run from the repository root.
     book_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    return os.path.join(book_root, 'chapter_multi_gpu', names[framework])
+    places = [os.path.join(book_root, 'chapter_multi_gpu', name),
+              os.path.join(os.getcwd(), name),
+              os.path.join(os.getcwd(), 'chapter_multi_gpu', name)]
+    for place in places:
+        if os.path.isfile(place):
+            return place
+    raise FileNotFoundError(
+        f'{name} is in none of ' + ', '.join(places) + ': run from the '
+        f"book's root folder or from the folder of this section's notebook")
+
+import itertools
+import math
+
+from torch.distributed.fsdp import fully_shard
+
+def _check_per_device(data, name):
+    """Reject an empty list or tensors of different shapes, naming the argument.
+
+    Defined in :numref:`sec_sharded_data_parallel`"""
+    if not isinstance(data, (list, tuple)):
+        raise ValueError(f'{name} must be a list with one tensor per device; '
+                         f'got {type(data).__name__}')
+    if len(data) == 0:
+        raise ValueError(f'{name} is empty; pass one tensor per device')
+    if any(tuple(x.shape) != tuple(data[0].shape) for x in data):
+        raise ValueError(f'{name} must hold tensors of one shape, got '
+                         f'{[tuple(x.shape) for x in data]}')
+
+def reduce_scatter(data):
+    """Sum same-shaped tensors on k devices; device i receives shard i of the flat sum.
+
+    Defined in :numref:`sec_sharded_data_parallel`"""
+    _check_per_device(data, 'data')
+    sizes = shard_sizes(data[0].numel(), len(data))
+    pieces = [x.detach().reshape(-1).split(sizes) for x in data]
+    shards = []
+    for i, x in enumerate(data):
+        total = pieces[i][i].clone()
+        for j in range(len(data)):
+            if j != i:  # shard i of device j travels to device i
+                total += pieces[j][i].to(x.device)
+        shards.append(total)
+    return shards
+
+def all_gather(shards):
+    """Concatenate the flat shards of k devices into the full flat tensor on every device.
+
+    Defined in :numref:`sec_sharded_data_parallel`"""
+    if len(shards) == 0 or any(s.dim() != 1 for s in shards):
+        raise ValueError('shards must be a non-empty list of 1-D tensors, '
+                         'one per device (flatten them first)')
+    return [torch.cat([s.detach().to(x.device) for s in shards])
+            for x in shards]
+
+def unflatten(flat, shapes):
+    """Views of the flat tensor `flat` in the given `shapes`, in order.
+
+    Defined in :numref:`sec_sharded_data_parallel`"""
+    sizes = [math.prod(shape) for shape in shapes]
+    if len(flat.shape) != 1 or flat.shape[0] != sum(sizes):
+        raise ValueError(f'flat must be a 1-D tensor of {sum(sizes)} elements '
+                         f'for these shapes; got shape {tuple(flat.shape)}')
+    bounds = [0, *itertools.accumulate(sizes)]
+    return [flat[lo:hi].reshape(tuple(shape))
+            for lo, hi, shape in zip(bounds, bounds[1:], shapes)]
+
+def lenet_flat_grad(flat, X, y):
+    """Gradient of LeNet's summed loss on (X, y) at the flat parameters `flat`.
+
+    Defined in :numref:`sec_sharded_data_parallel`"""
+    w = flat.detach().requires_grad_()
+    cross_entropy_sum(lenet(X, unflatten(w, LENET_SHAPES)), y).backward()
+    return w.grad
+
+def check_stage(stage):
+    """Reject a ZeRO stage other than 0 (plain data parallelism), 1, 2 or 3.
+
+    Defined in :numref:`sec_sharded_data_parallel`"""
+    if isinstance(stage, bool) or not isinstance(stage, int) \
+            or not 0 <= stage <= 3:
+        raise ValueError(f'stage must be 0 (plain data parallelism), 1, 2 '
+                         f'or 3, got {stage!r}')
+
+def _check_zero_args(params, devices):
+    """Reject an empty parameter list or device list, saying what to pass.
+
+    Defined in :numref:`sec_sharded_data_parallel`"""
+    if not isinstance(params, (list, tuple)) or len(params) == 0:
+        raise ValueError('params must be a non-empty list of tensors, such '
+                         'as d2l.lenet_params()')
+    if not isinstance(devices, (list, tuple)) or len(devices) == 0:
+        raise ValueError('devices must be a non-empty list of devices, such '
+                         'as d2l.try_gpus(2)')
+
+def _check_zero_states(states, devices, stage):
+    """Reject states that zero_init did not build for these devices and `stage`.
+
+    Defined in :numref:`sec_sharded_data_parallel`"""
+    _check_zero_args(states, devices)
+    if len(states) != len(devices):
+        raise ValueError(f'states holds {len(states)} device states but '
+                         f'devices names {len(devices)}; pass what zero_init '
+                         f'returned for these devices')
+    n = sum(math.prod(shape) for shape in LENET_SHAPES)
+    own = shard_sizes(n, len(devices))[0]
+    needed = (own if stage == 3 else n, own if stage >= 2 else n,
+              own if stage >= 1 else n)
+    held = tuple(states[0][kind].shape[0]
+                 for kind in ('params', 'grads', 'momentum'))
+    if held != needed:
+        raise ValueError(f'states hold {held} parameters, gradients and '
+                         f'momentum on device 0, but stage {stage} needs '
+                         f'{needed}; pass the stage given to zero_init')
+
+def zero_init(params, devices, stage):
+    """Each device's flat parameters, gradients and momentum, sharded as ZeRO `stage` says.
+
+    Defined in :numref:`sec_sharded_data_parallel`"""
+    check_stage(stage)
+    _check_zero_args(params, devices)
+    flat = torch.cat([p.detach().reshape(-1) for p in params])
+    own = flat.split(shard_sizes(flat.numel(), len(devices)))
+    states = []
+    for i, device in enumerate(devices):
+        mine = own[i].to(device, copy=True)
+        full = mine if stage == 3 else flat.to(device, copy=True)
+        states.append({'params': full,
+                       'grads': torch.zeros_like(mine if stage >= 2 else full),
+                       'momentum': torch.zeros_like(mine if stage >= 1 else full)})
+    return states
+
+def zero_step(X, y, states, devices, stage, lr, momentum=0.9):
+    """One momentum-SGD step of LeNet on k devices with ZeRO `stage` (0: plain data parallelism).
+
+    Defined in :numref:`sec_sharded_data_parallel`"""
+    check_stage(stage)
+    _check_zero_states(states, devices, stage)
+    X_shards, y_shards = split_batch(X, y, devices)
+    fulls = [s['params'] for s in states]
+    if stage == 3:  # gathered just before use ...
+        fulls = all_gather(fulls)
+    grads = [lenet_flat_grad(w, X_s, y_s)
+             for w, X_s, y_s in zip(fulls, X_shards, y_shards)]
+    del fulls  # ... and freed right after
+    if stage == 0:
+        allreduce(grads)
+    else:  # an update needs only the summed gradient of its own shard
+        grads = reduce_scatter(grads)
+    bounds = [0, *itertools.accumulate(shard_sizes(
+        sum(math.prod(shape) for shape in LENET_SHAPES), len(devices)))]
+    owned = [slice(lo, hi) for lo, hi in zip(bounds, bounds[1:])]
+    _zero_update(states, grads, owned, devices, stage, lr / X.shape[0],
+                 momentum)
+
+def _zero_update(states, grads, owned, devices, stage, lr, momentum):
+    """Momentum-SGD update of the parameters each device owns, in place.
+
+    Defined in :numref:`sec_sharded_data_parallel`"""
+    with torch.no_grad():
+        for s, g, own in zip(states, grads, owned):
+            g_held = s['grads'][own] if stage == 1 else s['grads']
+            g_held[:] = g
+            w = s['params'][own] if stage in (1, 2) else s['params']
+            s['momentum'].mul_(momentum).add_(g_held)
+            w -= lr * s['momentum']  # a view: writes into the state
+        if stage in (1, 2):  # everybody needs everybody's new parameters
+            new = all_gather([s['params'][own]
+                              for s, own in zip(states, owned)])
+            for s, w in zip(states, new):
+                s['params'][:] = w
+
+def state_bytes(state):
+    """Bytes that one device's ZeRO state holds, per kind of tensor.
+
+    Defined in :numref:`sec_sharded_data_parallel`"""
+    if not isinstance(state, dict):
+        raise ValueError('state must be one device\'s dictionary from '
+                         'zero_init, such as states[0]')
+    return {kind: x.numel() * x.element_size() for kind, x in state.items()}
+
+def zero_params(states, stage):
+    """The full flat parameters of a ZeRO run as a NumPy array, sharded or not.
+
+    Defined in :numref:`sec_sharded_data_parallel`"""
+    check_stage(stage)
+    if not isinstance(states, (list, tuple)) or len(states) == 0:
+        raise ValueError('states must be the non-empty list from zero_init')
+    if stage == 3:
+        return torch.cat([s['params'].cpu() for s in states]).numpy()
+    return states[0]['params'].cpu().numpy()
+
+def _model_state_bytes(net, optimizer):
+    """Bytes of parameters, gradients and optimizer state that this process stores.
+
+    Defined in :numref:`sec_sharded_data_parallel`"""
+    def nbytes(t):  # a DTensor's local part is this process's shard
+        t = t.to_local() if hasattr(t, 'to_local') else t
+        return t.numel() * t.element_size()
+    params = list(net.parameters())
+    return {'params': sum(nbytes(p) for p in params),
+            'grads': sum(nbytes(p.grad) for p in params if p.grad is not None),
+            'state': sum(nbytes(v) for s in optimizer.state.values()
+                         for v in s.values() if torch.is_tensor(v))}
+
+def _full_parameters(net):
+    """All parameters of `net` as one flat NumPy vector, gathering sharded ones.
+
+    Defined in :numref:`sec_sharded_data_parallel`"""
+    return torch.cat([(p.full_tensor() if hasattr(p, 'full_tensor') else p)
+                      .detach().cpu().reshape(-1)
+                      for p in net.parameters()]).numpy()
+
+def _fsdp_vs_ddp(rank, world_size, init_method, num_steps, batch_size, lr):
+    """Worker: train ResNet-18 with DDP, then sharded by FSDP; return bytes held and parameters.
+
+    Defined in :numref:`sec_sharded_data_parallel`"""
+    with process_group(rank, world_size, init_method) as device:
+        results = {}
+        for name in ('DDP', 'FSDP'):
+            torch.manual_seed(0)  # the same start for both
+            net = resnet18(10).to(device)
+            if name == 'FSDP':
+                for blocks in net[3:7]:  # the four stages of residual blocks
+                    fully_shard(blocks)
+                fully_shard(net)  # the stem and the head
+            else:
+                net = DDP(net)
+            optimizer = torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9)
+            sgd_on_shards(net, optimizer, rank, world_size, num_steps,
+                          batch_size, device)
+            results[name] = (_model_state_bytes(net, optimizer),
+                             _full_parameters(net))
+        return results
