@@ -22,13 +22,23 @@ class Ops:
         return [self.d2l.try_gpu(i) for i in range(k)]
 
     def first_batch(self, batch_size):
-        """One real Fashion-MNIST training minibatch, left on the host."""
-        train_iter, _ = self.d2l.load_data_fashion_mnist(batch_size)
-        X, y = next(iter(train_iter))
-        if X.shape[0] < batch_size:
-            raise ValueError(f'the training set holds only {X.shape[0]} '
-                             f'examples; ask for a global batch of at most that')
-        return X, y
+        """The first `batch_size` images and labels of Fashion-MNIST's real
+        training set, as framework arrays left on the host.
+
+        Read from the whole training file, not from the loader: quick mode's
+        loader serves only 100 images, and a benchmark's global batch must
+        not depend on the mode. The images are the loader's (same scaling,
+        same shape); only their order differs (file order, no shuffling)."""
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) \
+                or batch_size < 1:
+            raise ValueError(f'batch_size must be a positive int, got '
+                             f'{batch_size!r}')
+        images, labels = self.d2l.fashion_mnist_arrays('train', quick=False)
+        if batch_size > len(labels):
+            raise ValueError(f'the training set holds {len(labels)} examples; '
+                             f'ask for a global batch of at most that')
+        return (self.from_numpy(images[:batch_size]),
+                self.from_numpy(labels[:batch_size]))
 
 
 class TorchOps(Ops):
@@ -49,6 +59,9 @@ class TorchOps(Ops):
 
     def to_numpy(self, x):
         return x.detach().cpu().numpy()
+
+    def from_numpy(self, a):
+        return self.torch.from_numpy(a.copy())
 
     def threads(self):
         return self.torch.get_num_threads()
@@ -73,6 +86,15 @@ class MXNetOps(Ops):
     def to_numpy(self, x):
         return x.asnumpy()
 
+    def from_numpy(self, a):
+        # The loader's kind of array: mx.np once the book uses MXNet's NumPy
+        # interface, mx.nd before; labels as int32, as the loader gives them.
+        if a.dtype.kind == 'i':
+            a = a.astype('int32')
+        if self.mx.util.is_np_array():
+            return self.mx.np.array(a, dtype=a.dtype)
+        return self.mx.nd.array(a, dtype=a.dtype)
+
     def threads(self):
         import os
         return os.environ.get('OMP_NUM_THREADS', 'default')
@@ -96,6 +118,9 @@ class PaddleOps(Ops):
 
     def to_numpy(self, x):
         return x.numpy()
+
+    def from_numpy(self, a):
+        return self.paddle.to_tensor(a, place=self.paddle.CPUPlace())
 
     def threads(self):
         import os

@@ -134,3 +134,32 @@ def test_a_bad_d2l_quick_value_is_named(monkeypatch):
     monkeypatch.setenv('D2L_QUICK', 'yes')
     with pytest.raises(ValueError, match="'yes'"):
         harness.default_settings_name()
+
+
+@pytest.mark.parametrize('settings', ['quick', 'full'])
+def test_step_benchmarks_get_their_global_batch_in_quick_mode(
+        settings, framework, d2l, quick):
+    """Quick mode's loader serves 100 images; the step benchmarks' batches are
+    larger, and must still be real training images in the loader's format."""
+    import numpy as np
+    from bench.ops import OPS
+    ops = OPS[framework]()
+    s = harness.settings_for(settings)
+    batch = max(s['lenet_batch'], s['resnet_batch'])
+    X, y = ops.first_batch(batch)
+    train_iter, _ = d2l.load_data_fashion_mnist(10)
+    X_loader, y_loader = next(iter(train_iter))
+    assert type(X) is type(X_loader) and type(y) is type(y_loader)
+    assert ops.to_numpy(X).dtype == ops.to_numpy(X_loader).dtype
+    assert ops.to_numpy(y).dtype == ops.to_numpy(y_loader).dtype
+    images, labels = d2l.fashion_mnist_arrays('train', quick=False)
+    np.testing.assert_array_equal(ops.to_numpy(X), images[:batch])
+    np.testing.assert_array_equal(ops.to_numpy(y), labels[:batch])
+
+
+@pytest.mark.parametrize('batch', [0, -3, 2.5, True, 60001])
+def test_an_impossible_global_batch_is_refused_naming_it(batch, framework,
+                                                        quick):
+    from bench.ops import OPS
+    with pytest.raises(ValueError, match='batch'):
+        OPS[framework]().first_batch(batch)
