@@ -1182,10 +1182,13 @@ def ddp_buckets(num_bytes, bucket_cap_mb=25, first_bucket_mb=1):
     """Sizes in bytes of the gradient buckets DDP makes of `num_bytes`, ignoring parameter boundaries.
 
     Defined in :numref:`sec_cost_model`"""
-    _check_cost_args(num_bytes, 1, bucket_cap_mb, first_bucket_mb)
-    if not bucket_cap_mb > 0 or not first_bucket_mb > 0:
-        raise ValueError(f'bucket_cap_mb and first_bucket_mb must be > 0, got '
-                         f'{bucket_cap_mb!r} and {first_bucket_mb!r}')
+    _check_cost_args(num_bytes, 1, 0, 0)
+    for name, value in (('bucket_cap_mb', bucket_cap_mb),
+                        ('first_bucket_mb', first_bucket_mb)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) \
+                or not math.isfinite(value) or value <= 0:
+            raise ValueError(f'{name} must be a finite number > 0, got '
+                             f'{value!r}')
     first = min(num_bytes, first_bucket_mb * 2 ** 20)
     buckets, rest = ([first] if first else []), num_bytes - first
     while rest > 0:
