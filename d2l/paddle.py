@@ -1196,13 +1196,13 @@ def ddp_buckets(num_bytes, bucket_cap_mb=25, first_bucket_mb=1):
         rest -= buckets[-1]
     return buckets
 
-def predict_step_time(t_compute, num_bytes, k, alpha, beta, cores=1,
+def predict_step_time(t_compute, num_bytes, k, alpha, beta, cores=None,
                       threads=1, bucket_cap_mb=25, accumulate=1, overlap=0.0):
     """Predicted seconds per micro-batch of a k-process DDP step: shared-core compute plus unhidden allreduces.
 
     Defined in :numref:`sec_cost_model`"""
     _check_cost_args(num_bytes, k, alpha, beta)
-    for name, value in (('t_compute', t_compute), ('cores', cores),
+    for name, value in (('t_compute', t_compute), ('cores', 1 if cores is None else cores),
                         ('threads', threads), ('accumulate', accumulate)):
         if isinstance(value, bool) or not isinstance(value, numbers.Real) \
                 or not math.isfinite(value) or value <= 0:
@@ -1212,7 +1212,8 @@ def predict_step_time(t_compute, num_bytes, k, alpha, beta, cores=1,
             or not 0 <= overlap <= 1:
         raise ValueError(f'overlap is the hidden fraction of the allreduce '
                          f'time, between 0 and 1; got {overlap!r}')
-    share = max(1.0, k * threads / cores)  # processes taking turns on cores
+    # Processes taking turns on the CPU's cores; None: a device per process.
+    share = 1.0 if cores is None else max(1.0, k * threads / cores)
     comm = sum(ring_allreduce_time(b, k, alpha, beta)
                for b in ddp_buckets(num_bytes, bucket_cap_mb))
     return t_compute * share + (1 - overlap) * comm / accumulate

@@ -125,6 +125,9 @@ def test_step_time_is_compute_plus_bucketed_ring_allreduces(d2l):
                                  overlap=1.0) == pytest.approx(0.2)
     # One process: no communication at all.
     assert d2l.predict_step_time(0.2, n, 1, alpha, beta) == pytest.approx(0.2)
+    # Without `cores`, every process has a device of its own: no sharing.
+    assert d2l.predict_step_time(0.2, 1000, 16, alpha, beta) == \
+        pytest.approx(0.2 + d2l.ring_allreduce_time(1000, 16, alpha, beta))
 
 
 @pytest.mark.parametrize('k, threads, factor', [(1, 2, 1), (2, 1, 1),
