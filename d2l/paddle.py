@@ -1148,34 +1148,48 @@ def _check_sizes(sizes, reps):
         raise ValueError(f'reps must be an int >= 1, got {reps!r}')
     return sizes
 
+def _check_world_of_two(world_size):
+    """Reject a world size that is not an int >= 2: one process has nothing to allreduce.
+
+    Defined in :numref:`sec_cost_model`"""
+    if isinstance(world_size, bool) or not isinstance(world_size, int) \
+            or world_size < 2:
+        raise ValueError(f'world_size must be an int >= 2 (one process sends '
+                         f'nothing), got {world_size!r}')
+
 def time_all_reduce(world_size, sizes, reps=3):
     """Median seconds of one all_reduce of each byte size in `sizes` over `world_size` processes.
 
     Defined in :numref:`sec_cost_model`"""
     sizes = _check_sizes(sizes, reps)
-    ddp_backend(world_size)  # rejects a world size below 1
+    _check_world_of_two(world_size)
     return spawn_ranks(_all_reduce_worker, world_size, sizes, reps)[0]
 
 def _all_reduce_worker(sizes, reps):
     """One process of time_all_reduce: time each size in alternating rounds; return the slowest rank's medians.
 
     Defined in :numref:`sec_cost_model`"""
-    with process_group():
+    with process_group() as (rank, world_size):
+        # A group of one has no global group to synchronise over.
+        wait = dist.barrier if world_size > 1 else lambda: None
         bufs = [paddle.zeros([n // 4]) for n in sizes]
         for x in bufs:
-            dist.all_reduce(x)  # untimed: the first call sets up buffers
+            if world_size > 1:
+                dist.all_reduce(x)  # untimed: the first call sets up buffers
         seconds = [[0.0] * len(bufs) for _ in range(reps)]
         for r in range(reps):
             order = range(len(bufs)) if r % 2 == 0 else range(len(bufs))[::-1]
             for i in order:
-                dist.barrier()
+                wait()
                 began = time.perf_counter()
-                dist.all_reduce(bufs[i])
+                if world_size > 1:
+                    dist.all_reduce(bufs[i])
                 if num_gpus():
                     paddle.device.cuda.synchronize()
                 seconds[r][i] = time.perf_counter() - began
         seconds = paddle.to_tensor(seconds, dtype='float64')
-        dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
+        if world_size > 1:
+            dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
         return [statistics.median(col) for col in seconds.numpy().T.tolist()]
 
 def ddp_buckets(num_bytes, bucket_cap_mb=25, first_bucket_mb=1):
@@ -1321,38 +1335,53 @@ def time_ddp_configs(world_size, configs, global_batch, num_steps=2,
     configs = _check_configs(configs)
     _check_sizes([4], reps)
     local_batch_size(global_batch, world_size)  # fail here, not in a child
+    if world_size == 1:
+        # Paddle forms no group for one process: time it in this one.
+        return _time_configs(configs, global_batch, num_steps, warmup, reps,
+                             0, 1)
     return spawn_ranks(_ddp_configs_worker, world_size, configs,
                        global_batch, num_steps, warmup, reps)[0]
 
 def _ddp_configs_worker(configs, global_batch, num_steps, warmup, reps):
-    """One process of time_ddp_configs: time each configuration in alternating rounds; return the slowest rank's medians.
+    """One process of time_ddp_configs: join the group, then time the configurations.
 
     Defined in :numref:`sec_cost_model`"""
     with process_group() as (rank, world_size):
-        share = local_batch_size(global_batch, world_size)
-        X, y = timing_batch(global_batch)
-        X, y = X[rank * share:(rank + 1) * share], y[rank * share:(rank + 1) * share]
-        runs = []
-        for c in configs:
-            paddle.seed(0)
-            net = paddle.DataParallel(cost_model_net(c['model']),
-                                      comm_buffer_size=c['bucket_cap_mb'])
-            optimizer = paddle.optimizer.SGD(learning_rate=0.01,
-                                             parameters=net.parameters())
-            runs.append((net, optimizer, c))
-        for net, optimizer, c in runs:
-            _sgd_steps(net, optimizer, X, y, warmup, c['accumulate'], c['bf16'])
-        seconds = [[0.0] * len(runs) for _ in range(reps)]
-        for r in range(reps):
-            order = range(len(runs)) if r % 2 == 0 else range(len(runs))[::-1]
-            for i in order:
-                net, optimizer, c = runs[i]
-                dist.barrier()
-                began = time.perf_counter()
-                _sgd_steps(net, optimizer, X, y, num_steps, c['accumulate'],
-                           c['bf16'])
-                seconds[r][i] = (time.perf_counter() - began) / (
-                    num_steps * c['accumulate'])
-        seconds = paddle.to_tensor(seconds, dtype='float64')
+        return _time_configs(configs, global_batch, num_steps, warmup, reps,
+                             rank, world_size)
+
+def _time_configs(configs, global_batch, num_steps, warmup, reps, rank,
+                  world_size):
+    """Time each configuration in alternating rounds; return the slowest rank's medians.
+
+    Defined in :numref:`sec_cost_model`"""
+    share = local_batch_size(global_batch, world_size)
+    X, y = timing_batch(global_batch)
+    X, y = X[rank * share:(rank + 1) * share], y[rank * share:(rank + 1) * share]
+    # A single process has no global group to synchronise over.
+    wait = dist.barrier if world_size > 1 else lambda: None
+    runs = []
+    for c in configs:
+        paddle.seed(0)
+        net = paddle.DataParallel(cost_model_net(c['model']),
+                                  comm_buffer_size=c['bucket_cap_mb'])
+        optimizer = paddle.optimizer.SGD(learning_rate=0.01,
+                                         parameters=net.parameters())
+        runs.append((net, optimizer, c))
+    for net, optimizer, c in runs:
+        _sgd_steps(net, optimizer, X, y, warmup, c['accumulate'], c['bf16'])
+    seconds = [[0.0] * len(runs) for _ in range(reps)]
+    for r in range(reps):
+        order = range(len(runs)) if r % 2 == 0 else range(len(runs))[::-1]
+        for i in order:
+            net, optimizer, c = runs[i]
+            wait()
+            began = time.perf_counter()
+            _sgd_steps(net, optimizer, X, y, num_steps, c['accumulate'],
+                       c['bf16'])
+            seconds[r][i] = (time.perf_counter() - began) / (
+                num_steps * c['accumulate'])
+    seconds = paddle.to_tensor(seconds, dtype='float64')
+    if world_size > 1:
         dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
-        return [statistics.median(col) for col in seconds.numpy().T.tolist()]
+    return [statistics.median(col) for col in seconds.numpy().T.tolist()]

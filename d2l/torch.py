@@ -1211,12 +1211,21 @@ def _check_sizes(sizes, reps):
         raise ValueError(f'reps must be an int >= 1, got {reps!r}')
     return sizes
 
+def _check_world_of_two(world_size):
+    """Reject a world size that is not an int >= 2: one process has nothing to allreduce.
+
+    Defined in :numref:`sec_cost_model`"""
+    if isinstance(world_size, bool) or not isinstance(world_size, int) \
+            or world_size < 2:
+        raise ValueError(f'world_size must be an int >= 2 (one process sends '
+                         f'nothing), got {world_size!r}')
+
 def time_all_reduce(world_size, sizes, reps=3):
     """Median seconds of one all_reduce of each byte size in `sizes` over `world_size` processes.
 
     Defined in :numref:`sec_cost_model`"""
     sizes = _check_sizes(sizes, reps)
-    check_rank(0, world_size)
+    _check_world_of_two(world_size)
     return spawn_ranks(_all_reduce_worker, world_size, local_init_method(),
                        sizes, reps)[0]
 

@@ -168,6 +168,8 @@ def test_module_lenet_has_the_from_scratch_lenets_parameters(framework, d2l):
     (lambda d2l: d2l.time_compute('lenet', 4, reps=0), 'reps'),
     (lambda d2l: d2l.time_all_reduce(2, [], 1), 'sizes'),
     (lambda d2l: d2l.time_all_reduce(2, [4000, -8], 1), 'sizes'),
+    (lambda d2l: d2l.time_all_reduce(1, [4000], 1), 'world_size'),
+    (lambda d2l: d2l.time_all_reduce(2.0, [4000], 1), 'world_size'),
     (lambda d2l: d2l.time_ddp_configs(2, [], 4), 'configs'),
     (lambda d2l: d2l.time_ddp_configs(2, [dict(model='vgg')], 4), 'model'),
     (lambda d2l: d2l.time_ddp_configs(2, [dict(accumulate=0)], 4),
