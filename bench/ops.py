@@ -78,22 +78,19 @@ class MXNetOps(Ops):
     def sync(self):
         # MXNet runs asynchronously even on the CPU: without this the clock
         # would stop when work is queued, not when it is done.
-        self.mx.nd.waitall()
+        self.mx.npx.waitall()
 
     def filled(self, n, device, value=0.0):
-        return self.mx.nd.full((n,), float(value), ctx=device)
+        return self.mx.np.full((n,), float(value), ctx=device)
 
     def to_numpy(self, x):
         return x.asnumpy()
 
     def from_numpy(self, a):
-        # The loader's kind of array: mx.np once the book uses MXNet's NumPy
-        # interface, mx.nd before; labels as int32, as the loader gives them.
+        # As the loader gives them: mx.np arrays, labels as int32.
         if a.dtype.kind == 'i':
             a = a.astype('int32')
-        if self.mx.util.is_np_array():
-            return self.mx.np.array(a, dtype=a.dtype)
-        return self.mx.nd.array(a, dtype=a.dtype)
+        return self.mx.np.array(a, dtype=a.dtype)
 
     def threads(self):
         import os
