@@ -14,15 +14,27 @@ d2l = sys.modules[__name__]
 
 import gzip
 import hashlib
+import http.client
+import itertools
 import os
 import sys
 import time
 import urllib.error
 import urllib.request
 import mxnet as mx
-import numpy as np
-from mxnet import autograd, gluon, init
+import numpy as onp
+from mxnet import autograd, gluon, init, np, npx
 from mxnet.gluon import nn
+
+npx.set_np()
+
+def _check_gpu_index(i):
+    """Reject a GPU index that is not a non-negative integer, saying so.
+
+    Defined in :numref:`sec_helpers`"""
+    if isinstance(i, bool) or not isinstance(i, int) or i < 0:
+        raise ValueError(f'GPU index i must be a non-negative integer, got '
+                         f'{i!r}')
 
 def num_gpus():
     """Count the GPUs this process can see.
@@ -34,8 +46,7 @@ def try_gpu(i=0):
     """Return GPU `i` if it exists, otherwise CPU context `i`.
 
     Defined in :numref:`sec_helpers`"""
-    if i < 0:
-        raise ValueError(f'GPU index must be non-negative, got {i}')
+    _check_gpu_index(i)
     # Distinct CPU contexts let us hold separate model copies without GPUs.
     return mx.gpu(i) if i < num_gpus() else mx.cpu(i)
 
@@ -44,6 +55,65 @@ def try_all_gpus():
 
     Defined in :numref:`sec_helpers`"""
     return [mx.gpu(i) for i in range(num_gpus())] or [mx.cpu()]
+
+def try_gpus(num_devices):
+    """Devices for `num_devices` model copies: GPUs only, or the CPU if there is none.
+
+    Defined in :numref:`sec_helpers`"""
+    _check_num_devices(num_devices)
+    g = num_gpus()
+    if g == 0:
+        return [mx.cpu(i) for i in range(num_devices)]
+    return [mx.gpu(i) for i in range(min(g, num_devices))]
+
+def _device_name(device):
+    """A short name for `device` and whether it is a GPU.
+
+    Defined in :numref:`sec_helpers`"""
+    if not isinstance(device, mx.Context):
+        raise TypeError(f'not an MXNet context: {device!r}')
+    return str(device), device.device_type == 'gpu'
+
+def _check_num_devices(num_devices, name='num_devices'):
+    """Reject a device count that is not a positive integer, saying so.
+
+    Defined in :numref:`sec_helpers`"""
+    if isinstance(num_devices, bool) or not isinstance(num_devices, int) \
+            or num_devices < 1:
+        raise ValueError(f'{name} must be a positive integer (the number of '
+                         f'model copies), got {num_devices!r}')
+
+def describe_devices(devices, num_asked=None):
+    """One line saying which devices were chosen and why, for training logs.
+
+    Defined in :numref:`sec_helpers`"""
+    if isinstance(devices, (str, bytes)) or not hasattr(devices, '__len__') \
+            or len(devices) == 0:
+        raise ValueError('devices must be a non-empty list of devices, such '
+                         f'as d2l.try_gpus(2), got {devices!r}')
+    if num_asked is not None:
+        _check_num_devices(num_asked, 'num_asked')
+    named = []
+    for i, device in enumerate(devices):
+        try:
+            named.append(_device_name(device))
+        except (AttributeError, TypeError, ValueError, RuntimeError):
+            raise TypeError(f'devices[{i}] is not a device of this framework '
+                            f'({device!r}); build the list with '
+                            f'd2l.try_gpus(k)') from None
+    names, gpu = zip(*named)
+    k = len(devices)
+    if not any(gpu):
+        where = 'no GPU found' if num_gpus() == 0 else 'GPUs not used'
+        copies = f'{k} cop{"y" if k == 1 else "ies"} of the model'
+        place = 'the CPU' if len(set(names)) == 1 else ', '.join(names)
+        return f'{copies} on {place} ({where})'
+    found = num_gpus()
+    line = f'using {", ".join(names)}'
+    if num_asked is not None and num_asked != k:
+        return (f'{num_asked} devices asked, {found} GPU'
+                f'{"" if found == 1 else "s"} found: {line}')
+    return f'{k} GPU{"" if k == 1 else "s"} ({found} found): {line}'
 
 class Timer:
     """Record wall-clock intervals between start() and stop()."""
@@ -71,12 +141,15 @@ class Timer:
 
     def cumsum(self):
         """Running totals, one per interval."""
-        return np.cumsum(self.times).tolist()
+        return list(itertools.accumulate(self.times))
 
 class Accumulator:
     """Keep running sums of `n` quantities."""
     def __init__(self, n):
         """Defined in :numref:`sec_helpers`"""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f'n (the number of sums) must be a positive '
+                             f'integer, got {n!r}')
         self.data = [0.0] * n
 
     def add(self, *args):
@@ -93,31 +166,96 @@ class Accumulator:
     def __getitem__(self, idx):
         return self.data[idx]
 
+def _labels_and_predictions(y_hat, y, argmax):
+    """`y_hat` as N predicted labels and `y` as N labels, or a ValueError.
+
+    Defined in :numref:`sec_helpers`"""
+    for name, t in (('y_hat', y_hat), ('y', y)):
+        if not hasattr(t, 'shape') or not hasattr(t, 'reshape'):
+            raise TypeError(f'{name} must be a tensor of this framework, got '
+                            f'{type(t).__name__}')
+    y_hat_shape, y_shape = tuple(y_hat.shape), tuple(y.shape)
+    if len(y_hat_shape) == 2 and y_hat_shape[1] > 1:
+        y_hat = argmax(y_hat)
+    elif len(y_hat_shape) == 2 and y_hat_shape[1] == 1:
+        y_hat = y_hat.reshape((-1,))
+    if len(y_shape) == 2 and y_shape[1] == 1:
+        y = y.reshape((-1,))
+    if len(y_hat.shape) != 1 or len(y.shape) != 1 or \
+            y_hat.shape[0] != y.shape[0]:
+        raise ValueError(
+            f'accuracy needs y_hat of shape (N, num_classes) or (N,) and y of '
+            f'shape (N,) for the same N, got y_hat {y_hat_shape} and y '
+            f'{y_shape}')
+    return y_hat, y
+
 def accuracy(y_hat, y):
     """Count the predictions in `y_hat` (scores or labels) that equal `y`.
 
     Defined in :numref:`sec_helpers`"""
-    if y_hat.ndim > 1 and y_hat.shape[1] > 1:
-        y_hat = y_hat.argmax(axis=1)
-    return float((y_hat.astype(y.dtype) == y).sum().asscalar())
+    y_hat, y = _labels_and_predictions(y_hat, y, lambda t: t.argmax(axis=1))
+    return float((y_hat.astype(y.dtype) == y).sum().item())
+
+def _minibatches(data_iter):
+    """An iterator over `data_iter`, or a TypeError that names it.
+
+    Defined in :numref:`sec_helpers`"""
+    try:
+        return iter(data_iter)
+    except TypeError:
+        raise TypeError('data_iter must be an iterable of (X, y) minibatches, '
+                        f'got {type(data_iter).__name__}') from None
+
+def _fraction_correct(counts, data_iter):
+    """correct / examples of an Accumulator filled from `data_iter`, or a ValueError.
+
+    Defined in :numref:`sec_helpers`"""
+    if counts[1] == 0:
+        raise ValueError('data_iter yielded no examples: pass an iterator '
+                         'over at least one (X, y) minibatch, such as the '
+                         'test iterator of load_data_fashion_mnist')
+    return counts[0] / counts[1]
 
 def evaluate_accuracy_gpu(net, data_iter, device=None):
     """Fraction of examples in `data_iter` that `net` classifies correctly on one device.
 
     Defined in :numref:`sec_helpers`"""
-    if device is None:
-        device = list(net.collect_params().values())[0].list_ctx()[0]
+    if device is None and isinstance(net, gluon.Block):
+        params = list(net.collect_params().values())
+        device = params[0].list_ctx()[0] if params else None
     counts = Accumulator(2)  # correct predictions, examples
-    for X, y in data_iter:
-        X, y = X.as_in_context(device), y.as_in_context(device)
+    for X, y in _minibatches(data_iter):
+        if device is not None:
+            X, y = X.as_in_ctx(device), y.as_in_ctx(device)
         counts.add(accuracy(net(X), y), y.size)
-    return counts[0] / counts[1]
+    return _fraction_correct(counts, data_iter)
+
+def _check_sgd(params, lr, batch_size):
+    """Reject arguments of `sgd` that would corrupt the parameters, saying why.
+
+    Defined in :numref:`sec_helpers`"""
+    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or \
+            not lr >= 0 or lr == float('inf'):
+        raise ValueError(f'lr must be a finite non-negative number, got '
+                         f'{lr!r}')
+    if isinstance(batch_size, bool) or not isinstance(
+            batch_size, (int, float)) or not batch_size > 0:
+        raise ValueError(f'batch_size must be a positive number (the '
+                         f'examples the loss was summed over), got '
+                         f'{batch_size!r}')
+    params = list(params)
+    for i, param in enumerate(params):
+        if getattr(param, 'grad', None) is None:
+            raise ValueError(
+                f'params[{i}] has no gradient: compute the loss from it and '
+                f'call backward() before sgd (in MXNet, attach_grad() first)')
+    return params
 
 def sgd(params, lr, batch_size):
     """Minibatch SGD on raw arrays, in place (MXNet overwrites gradients on each backward).
 
     Defined in :numref:`sec_helpers`"""
-    for param in params:
+    for param in _check_sgd(params, lr, batch_size):
         param[:] = param - lr * param.grad / batch_size
 
 def use_svg_display():
@@ -139,48 +277,67 @@ def in_notebook():
     return shell is not None and 'IPKernelApp' in shell.config
 
 class Animator:
-    """Plot curves that grow one point at a time, redrawn in place in Jupyter."""
+    """Plot curves that grow one point at a time, updated in place in Jupyter."""
     def __init__(self, xlabel=None, ylabel=None, legend=None, xlim=None,
                  ylim=None, xscale='linear', yscale='linear',
-                 fmts=('-', 'm--', 'g-.', 'r:'), figsize=(3.5, 2.5)):
+                 fmts=('-', 'm--', 'g-.', 'r:'), nrows=1, ncols=1,
+                 figsize=(3.5, 2.5)):
         """Defined in :numref:`sec_helpers`"""
         # A Figure not registered with pyplot is shown only when we ask,
         # so Jupyter does not print it a second time at the end of the cell.
         from matplotlib.figure import Figure
+        for name, value in (('nrows', nrows), ('ncols', ncols)):
+            if isinstance(value, bool) or not isinstance(value, int) or \
+                    value < 1:
+                raise ValueError(
+                    f'{name} must be a positive integer, got {value!r}')
         use_svg_display()
         self.fig = Figure(figsize=figsize)
-        self.axes = self.fig.add_subplot()
+        self.axes = [self.fig.add_subplot(nrows, ncols, i + 1)
+                     for i in range(nrows * ncols)]
         self.legend, self.fmts = legend, fmts
         self.style = dict(xlabel=xlabel, ylabel=ylabel, xlim=xlim, ylim=ylim,
                           xscale=xscale, yscale=yscale)
         self.X, self.Y = None, None
+        self._shown = None  # the notebook display that add() updates
 
     def add(self, x, y):
         """Append one point to each curve (`y` may be a list, one value per curve)."""
         ys = list(y) if hasattr(y, '__len__') else [y]
         xs = list(x) if hasattr(x, '__len__') else [x] * len(ys)
+        if len(xs) != len(ys):
+            raise ValueError(f'x has {len(xs)} values but y has {len(ys)}; '
+                             f'give one x, or one x per curve')
         if self.X is None:
             self.X = [[] for _ in ys]
             self.Y = [[] for _ in ys]
+        elif len(ys) != len(self.Y):
+            raise ValueError(f'this animator draws {len(self.Y)} curves, got '
+                             f'{len(ys)} values in y')
         for i, (a, b) in enumerate(zip(xs, ys)):
             if a is not None and b is not None:
                 self.X[i].append(a)
                 self.Y[i].append(b)
         self.draw()
         if in_notebook():
+            # One output, replaced in place: later prints of the cell appear
+            # below it and never clear it.
             from IPython import display
-            display.display(self.fig)
-            display.clear_output(wait=True)
+            if self._shown is None:
+                self._shown = display.display(self.fig, display_id=True)
+            else:
+                self._shown.update(self.fig)
 
     def draw(self):
-        """Redraw every curve on the axes."""
-        self.axes.cla()
+        """Redraw every curve on the first axes."""
+        ax = self.axes[0]
+        ax.cla()
         for xs, ys, fmt in zip(self.X or [], self.Y or [], self.fmts):
-            self.axes.plot(xs, ys, fmt)
-        self.axes.set(**{k: v for k, v in self.style.items() if v is not None})
+            ax.plot(xs, ys, fmt)
+        ax.set(**{k: v for k, v in self.style.items() if v is not None})
         if self.legend:
-            self.axes.legend(self.legend)
-        self.axes.grid(True)
+            ax.legend(self.legend)
+        ax.grid(True)
 
     def savefig(self, path):
         """Write the current figure to `path` (SVG, PNG or PDF by extension)."""
@@ -211,10 +368,28 @@ def fashion_mnist_dirs():
 
     Defined in :numref:`sec_helpers`"""
     env_dir = os.environ.get('D2L_DATA_DIR', '').strip()
-    local_dir = os.path.join('..', 'data', 'fashion-mnist')
-    search = ([env_dir] if env_dir else []) + [local_dir,
+    env_dir = os.path.abspath(os.path.expanduser(env_dir)) if env_dir else ''
+    cache_root = os.environ.get('XDG_CACHE_HOME', '').strip() or \
+        os.path.join(os.path.expanduser('~'), '.cache')
+    cache_dir = os.path.join(os.path.abspath(cache_root), 'd2l',
+                             'fashion-mnist')
+    search = ([env_dir] if env_dir else []) + [cache_dir,
                                                FASHION_MNIST_SYSTEM_DIR]
-    return search, env_dir or local_dir
+    return search, env_dir or cache_dir
+
+_SAID = set()
+
+def _say_once(message):
+    """Print `message` the first time this process has it to say, on rank 0 only.
+
+    Defined in :numref:`sec_helpers`"""
+    # Launchers give every process of a job its rank; a report from each of
+    # eight processes would bury the one that matters.
+    rank = os.environ.get('RANK', os.environ.get('PADDLE_TRAINER_ID', '0'))
+    if message not in _SAID:
+        _SAID.add(message)
+        if rank.strip() in ('', '0'):
+            print(message)
 
 def _unpack_and_check(path, name, raw):
     """Unpack `raw` bytes read from `path` and verify them against the known hash.
@@ -235,57 +410,108 @@ def _unpack_and_check(path, name, raw):
             f'SHA-256 {actual}, expected {expected}. Delete it and run again.')
     return data
 
+def _find_idx_file(name, search):
+    """Path of the first copy of `name` (packed or not) in `search`, or None.
+
+    Defined in :numref:`sec_helpers`"""
+    for folder in search:
+        for path in (os.path.join(folder, name + '.gz'),
+                     os.path.join(folder, name)):
+            if os.path.isfile(path):
+                return path
+    return None
+
+class _FileLock:
+    """Hold an exclusive lock on `path`, so that one process at a time downloads."""
+    def __init__(self, path):
+        """Defined in :numref:`sec_helpers`"""
+        self.path = path
+
+    def __enter__(self):
+        self.file = open(self.path, 'a')
+        try:
+            import fcntl
+        except ImportError:  # Windows: no lock, but atomic renames keep files whole
+            return self
+        fcntl.flock(self.file, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc):
+        # Removing the file while holding it is safe: a process that wakes up
+        # on it looks for the data again before it downloads anything.
+        try:
+            os.remove(self.path)
+        except OSError:
+            pass
+        self.file.close()
+
 def _download_fashion_mnist(name, target_dir):
     """Fetch `name`.gz from the mirror into `target_dir`, verified, written atomically.
 
     Defined in :numref:`sec_helpers`"""
     url = os.environ.get('D2L_FASHION_MNIST_MIRROR',
                          FASHION_MNIST_MIRROR).rstrip('/') + f'/{name}.gz'
+    remedies = (
+        f'(1) set D2L_DATA_DIR to a folder holding the four Fashion-MNIST '
+        f'files; (2) install the Debian package: sudo apt-get install '
+        f'dataset-fashion-mnist; (3) connect to the internet so the files '
+        f'can be downloaded into {target_dir}.')
     try:
         with urllib.request.urlopen(url, timeout=30) as response:
             raw = response.read()
-    except (urllib.error.URLError, OSError, ValueError) as err:
+    except (http.client.IncompleteRead, ConnectionError) as err:
+        raise DatasetError(
+            f'The download of Fashion-MNIST file {name} from {url} was cut '
+            f'off ({type(err).__name__}: {err}); nothing was saved. Run '
+            f'again to retry. If it keeps failing: {remedies}') from None
+    except (urllib.error.URLError, http.client.HTTPException, OSError,
+            ValueError) as err:
         reason = getattr(err, 'reason', err)
         raise DatasetError(
             f'Fashion-MNIST file {name} was not found in any of: '
             f'{", ".join(fashion_mnist_dirs()[0])}; downloading it from {url} '
-            f'failed ({reason}). Fix it in one of three ways: (1) set '
-            f'D2L_DATA_DIR to a folder holding the four Fashion-MNIST files; '
-            f'(2) install the Debian package: sudo apt-get install '
-            f'dataset-fashion-mnist; (3) connect to the internet so the files '
-            f'can be downloaded into {os.path.abspath(target_dir)}.') from None
+            f'failed ({reason}). Fix it in one of three ways: {remedies}'
+        ) from None
+    _unpack_and_check(url, name, raw)
     path = os.path.join(target_dir, f'{name}.gz')
-    data = _unpack_and_check(url, name, raw)
-    os.makedirs(target_dir, exist_ok=True)
     tmp = f'{path}.part-{os.getpid()}'
-    with open(tmp, 'wb') as f:
-        f.write(raw)
-    os.replace(tmp, path)  # readers never see a half-written file
-    return data
+    try:
+        with open(tmp, 'wb') as f:
+            f.write(raw)
+        os.replace(tmp, path)  # readers never see a half-written file
+    finally:
+        if os.path.exists(tmp):  # the disk filled up or we were interrupted
+            os.remove(tmp)
+    return path
 
 def read_idx_file(name):
     """Find, verify and parse one Fashion-MNIST IDX file into a NumPy array.
 
     Defined in :numref:`sec_helpers`"""
+    if name not in FASHION_MNIST_SHA256:
+        raise ValueError(f'name must be one of {sorted(FASHION_MNIST_SHA256)}'
+                         f', got {name!r}')
     search, target_dir = fashion_mnist_dirs()
-    data = None
-    for folder in search:
-        for path in (os.path.join(folder, name + '.gz'),
-                     os.path.join(folder, name)):
-            if os.path.isfile(path):
-                with open(path, 'rb') as f:
-                    data = _unpack_and_check(path, name, f.read())
-                break
-        if data is not None:
-            break
-    if data is None:
-        data = _download_fashion_mnist(name, target_dir)
+    path = _find_idx_file(name, search)
+    if path is None:
+        os.makedirs(target_dir, exist_ok=True)
+        with _FileLock(os.path.join(target_dir, f'{name}.gz.lock')):
+            # Another process may have downloaded it while we waited.
+            path = _find_idx_file(name, search) or \
+                _download_fashion_mnist(name, target_dir)
+    with open(path, 'rb') as f:
+        data = _unpack_and_check(path, name, f.read())
+    _say_once(f'Fashion-MNIST files from {os.path.dirname(path)}')
+    # NumPy proper in every framework's module (MXNet's np cannot view bytes).
+    import numpy
+
     # IDX header: two zero bytes, a type code (8 = uint8), the number of
     # dimensions, then one big-endian 32-bit size per dimension.
     ndim = data[3]
     shape = tuple(int.from_bytes(data[4 + 4 * i:8 + 4 * i], 'big')
                   for i in range(ndim))
-    return np.frombuffer(data, np.uint8, offset=4 + 4 * ndim).reshape(shape)
+    return numpy.frombuffer(data, 'uint8',
+                            offset=4 + 4 * ndim).reshape(shape)
 
 QUICK_PER_CLASS = {'train': 10, 'test': 10}
 
@@ -305,6 +531,10 @@ def train_epochs(num_epochs):
     """`num_epochs` in full mode; at most QUICK_MAX_EPOCHS in quick mode.
 
     Defined in :numref:`sec_helpers`"""
+    if isinstance(num_epochs, bool) or not isinstance(num_epochs, int) or \
+            num_epochs < 1:
+        raise ValueError(f'num_epochs must be a positive integer, got '
+                         f'{num_epochs!r}')
     return num_epochs if not quick_mode(num_gpus()) else min(
         num_epochs, QUICK_MAX_EPOCHS)
 
@@ -312,9 +542,13 @@ def balanced_subset(labels, per_class):
     """Indices of the first `per_class` examples of each class, in file order.
 
     Defined in :numref:`sec_helpers`"""
-    picks = [np.flatnonzero(labels == c)[:per_class]
-             for c in np.unique(labels)]
-    return np.sort(np.concatenate(picks))
+    if isinstance(per_class, bool) or not isinstance(per_class, int) or \
+            per_class < 1:
+        raise ValueError(f'per_class must be a positive integer, got '
+                         f'{per_class!r}')
+    picks = [(labels == c).nonzero()[0][:per_class].tolist()
+             for c in sorted(set(labels.tolist()))]
+    return sorted(i for pick in picks for i in pick)
 
 _FASHION_MNIST_CACHE = {}
 
@@ -333,8 +567,8 @@ def fashion_mnist_arrays(split, quick):
     if quick:
         keep = balanced_subset(labels, QUICK_PER_CLASS[split])
         images, labels = images[keep], labels[keep]
-    images = images.reshape(-1, 1, 28, 28).astype(np.float32) / 255
-    return images, labels.astype(np.int64)
+    images = images.reshape(-1, 1, 28, 28).astype('float32') / 255
+    return images, labels.astype('int64')
 
 def describe_mode(quick, n_train, n_test):
     """One line saying which data the loader serves, and how to change it.
@@ -348,7 +582,7 @@ def describe_mode(quick, n_train, n_test):
     return (f'Fashion-MNIST, full mode: {n_train} training and {n_test} '
             f'test images')
 
-def check_loader_args(batch_size, resize):
+def _check_loader_args(batch_size, resize):
     """Reject a batch size or resize target that cannot work, saying why.
 
     Defined in :numref:`sec_helpers`"""
@@ -368,52 +602,56 @@ def load_data_fashion_mnist(batch_size, resize=None):
     """Fashion-MNIST as (train, test) DataLoaders of (images, labels) minibatches.
 
     Defined in :numref:`sec_helpers`"""
-    size = check_loader_args(batch_size, resize)
+    size = _check_loader_args(batch_size, resize)
     quick = quick_mode(num_gpus())
     loaders, sizes = [], []
     for split in ('train', 'test'):
         images, labels = fashion_mnist_arrays(split, quick)
         sizes.append(len(labels))
-        dataset = gluon.data.ArrayDataset(images, labels.astype(np.int32))
+        dataset = gluon.data.ArrayDataset(images, labels.astype('int32'))
         loaders.append(gluon.data.DataLoader(
             dataset, batch_size, shuffle=(split == 'train'),
             batchify_fn=lambda batch: _batchify_resized(batch, size)))
-    print(describe_mode(quick, *sizes))
+    _say_once(describe_mode(quick, *sizes))
     return tuple(loaders)
 
 def _batchify_resized(batch, size):
     """Stack (image, label) pairs into a minibatch, resizing images if asked.
 
     Defined in :numref:`sec_helpers`"""
-    X = mx.nd.array(np.stack([x for x, _ in batch]))
-    y = mx.nd.array(np.array([t for _, t in batch]), dtype='int32')
+    X = np.array(onp.stack([x for x, _ in batch]))
+    y = np.array(onp.array([t for _, t in batch]), dtype='int32')
     if size is not None:
-        X = mx.nd.contrib.BilinearResize2D(X, height=size[0], width=size[1])
+        # npx.image.resize works on channels-last images and takes
+        # (width, height); interp=1 is bilinear.
+        X = npx.image.resize(X.transpose(0, 2, 3, 1),
+                             size=(size[1], size[0]), interp=1)
+        X = X.transpose(0, 3, 1, 2)
     return X, y
 
 class Residual(nn.Block):
     """Two 3x3 conv + batch-norm layers with an identity or 1x1-conv shortcut.
 
     Defined in :numref:`sec_helpers`"""
-    def __init__(self, in_channels, out_channels, use_1x1conv=False,
-                 stride=1, **kwargs):
+    def __init__(self, input_channels, num_channels, use_1x1conv=False,
+                 strides=1, **kwargs):
         super().__init__(**kwargs)
-        self.conv1 = nn.Conv2D(out_channels, 3, strides=stride, padding=1,
-                               in_channels=in_channels)
-        self.conv2 = nn.Conv2D(out_channels, 3, padding=1,
-                               in_channels=out_channels)
-        self.shortcut = nn.Conv2D(out_channels, 1, strides=stride,
-                                  in_channels=in_channels) \
+        self.conv1 = nn.Conv2D(num_channels, 3, strides=strides, padding=1,
+                               in_channels=input_channels)
+        self.conv2 = nn.Conv2D(num_channels, 3, padding=1,
+                               in_channels=num_channels)
+        self.shortcut = nn.Conv2D(num_channels, 1, strides=strides,
+                                  in_channels=input_channels) \
             if use_1x1conv else None
-        self.bn1 = nn.BatchNorm(in_channels=out_channels)
-        self.bn2 = nn.BatchNorm(in_channels=out_channels)
+        self.bn1 = nn.BatchNorm(in_channels=num_channels)
+        self.bn2 = nn.BatchNorm(in_channels=num_channels)
 
     def forward(self, X):
-        Y = mx.nd.relu(self.bn1(self.conv1(X)))
+        Y = npx.relu(self.bn1(self.conv1(X)))
         Y = self.bn2(self.conv2(Y))
         if self.shortcut is not None:
             X = self.shortcut(X)
-        return mx.nd.relu(Y + X)
+        return npx.relu(Y + X)
 
 LENET_SHAPES = [  # weights are (outputs, inputs[, height, width]); biases follow
     (6, 1, 5, 5), (6,),      # convolution: 1 -> 6 channels, 5 x 5 kernels

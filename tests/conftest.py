@@ -48,7 +48,7 @@ def tensor(framework, array, device=None):
     """A framework tensor holding a copy of a NumPy array, on `device` if given."""
     if framework == 'mxnet':
         import mxnet as mx
-        return mx.nd.array(array, ctx=device or mx.cpu(), dtype=array.dtype)
+        return mx.np.array(array, ctx=device or mx.cpu(), dtype=array.dtype)
     if framework == 'paddle':
         import paddle
         return paddle.to_tensor(array, place=device or paddle.CPUPlace())
@@ -59,7 +59,7 @@ def tensor(framework, array, device=None):
 def numpy(framework, x):
     """A NumPy copy of a framework tensor."""
     if framework == 'mxnet':
-        return x.asnumpy()
+        return x.asnumpy()  # an mx.np ndarray, as the book's MXNet code makes
     if framework == 'paddle':
         return x.numpy()
     return x.detach().cpu().numpy()

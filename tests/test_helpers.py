@@ -50,6 +50,92 @@ def test_try_gpu_rejects_a_negative_index(d2l):
         d2l.try_gpu(-1)
 
 
+class _FakeCUDAPlace:
+    """Stands in for paddle.CUDAPlace, which a CPU build refuses to construct."""
+    def __init__(self, i):
+        self.i = i
+
+    def get_device_id(self):
+        return self.i
+
+    def is_gpu_place(self):
+        return True
+
+    def __eq__(self, other):
+        return isinstance(other, _FakeCUDAPlace) and other.i == self.i
+
+
+def pretend_gpus(framework, d2l, monkeypatch, g):
+    """Make d2l believe the machine has `g` GPUs."""
+    monkeypatch.setattr(d2l, 'num_gpus', lambda: g)
+    if framework == 'paddle':
+        import paddle
+        monkeypatch.setattr(paddle, 'CUDAPlace', _FakeCUDAPlace)
+
+
+def gpu_index(framework, device):
+    """The GPU number of `device`, or None for a CPU device."""
+    if framework == 'pytorch':
+        return device.index if device.type == 'cuda' else None
+    if framework == 'mxnet':
+        return device.device_id if device.device_type == 'gpu' else None
+    return device.get_device_id() if isinstance(device, _FakeCUDAPlace) \
+        else None
+
+
+@pytest.mark.parametrize('g', [0, 1, 2, 8])
+@pytest.mark.parametrize('k', [1, 2, 4])
+def test_k_copies_on_g_gpus_follow_the_one_rule(framework, d2l, monkeypatch,
+                                                g, k):
+    """GPUs 0..min(g, k)-1 when there are GPUs, k CPU devices when there are none."""
+    pretend_gpus(framework, d2l, monkeypatch, g)
+    devices = d2l.try_gpus(k)
+    if g == 0:
+        assert len(devices) == k
+        assert all(is_cpu(framework, d) for d in devices)
+        if framework == 'mxnet':  # distinct contexts, one per copy
+            assert [d.device_id for d in devices] == list(range(k))
+    else:
+        # Never a mix of GPUs and the CPU, even when fewer GPUs than asked.
+        assert [gpu_index(framework, d) for d in devices] == \
+            list(range(min(g, k)))
+
+
+@pytest.mark.parametrize('g, k, expected', [
+    (0, 2, '2 copies of the model on '),
+    (0, 1, '1 copy of the model on '),
+    (1, 2, '2 devices asked, 1 GPU found: using '),
+    (2, 2, '2 GPUs (2 found): using '),
+    (8, 4, '4 GPUs (8 found): using '),
+])
+def test_describe_devices_says_what_was_chosen(framework, d2l, monkeypatch,
+                                               g, k, expected):
+    pretend_gpus(framework, d2l, monkeypatch, g)
+    line = d2l.describe_devices(d2l.try_gpus(k), k)
+    assert line.startswith(expected)
+    if g == 0:
+        assert line.endswith('(no GPU found)')
+    else:
+        assert line.count('0') >= 1 and 'cpu' not in line
+
+
+@pytest.mark.parametrize('bad', [0, -1, 1.5, '2', True, None])
+def test_try_gpus_rejects_a_count_that_is_not_a_positive_int(d2l, bad):
+    with pytest.raises(ValueError, match='num_devices must be a positive'):
+        d2l.try_gpus(bad)
+
+
+@pytest.mark.parametrize('devices, num_asked, name', [
+    ([], None, 'devices'), ('cpu', None, 'devices'), (None, None, 'devices'),
+    ('ok', 0, 'num_asked'), ('ok', 2.0, 'num_asked')])
+def test_describe_devices_rejects_bad_arguments(d2l, devices, num_asked,
+                                                name):
+    if devices == 'ok':
+        devices = d2l.try_gpus(1)
+    with pytest.raises(ValueError, match=name):
+        d2l.describe_devices(devices, num_asked)
+
+
 @pytest.mark.slow
 def test_installed_package_imports_from_any_directory(framework, tmp_path):
     """`pip install -e .` makes `from d2l import X as d2l` work outside the repo."""
@@ -98,7 +184,7 @@ def tensor(framework, values, dtype='float32'):
         return torch.from_numpy(values)
     if framework == 'mxnet':
         import mxnet as mx
-        return mx.nd.array(values, dtype=dtype)
+        return mx.np.array(values, dtype=dtype)
     import paddle
     return paddle.to_tensor(values)
 
@@ -128,7 +214,7 @@ def linear_classifier(framework, weight):
         import mxnet as mx
         net = mx.gluon.nn.Dense(n_out, in_units=n_in, use_bias=False)
         net.initialize(ctx=mx.cpu())
-        net.weight.set_data(mx.nd.array(weight))
+        net.weight.set_data(mx.np.array(weight))
         return net
     import paddle
     net = paddle.nn.Linear(n_in, n_out, bias_attr=False)
@@ -159,7 +245,7 @@ def test_sgd_updates_parameters_in_place(framework, d2l):
         grad = lambda: w.grad.numpy()
     elif framework == 'mxnet':
         import mxnet as mx
-        w = mx.nd.array(init)
+        w = mx.np.array(init)
         w.attach_grad()
         with mx.autograd.record():
             loss = (w * w).sum()
@@ -208,6 +294,9 @@ def test_loader_yields_float_images_and_integer_labels(framework, d2l, quick,
     assert tuple(X.shape) == (64, 1, 28, 28) and tuple(y.shape) == (64,)
     assert 'float32' in str(X.dtype)
     assert ('int32' if framework == 'mxnet' else 'int64') in str(y.dtype)
+    if framework == 'mxnet':  # NumPy-interface arrays, as npx operators need
+        import mxnet as mx
+        assert isinstance(X, mx.np.ndarray) and isinstance(y, mx.np.ndarray)
     X, y = collect(framework, test_iter)
     assert X.min() >= 0 and X.max() <= 1 and X.max() > 0.9
     assert set(np.unique(y)) == set(range(10))
@@ -288,16 +377,15 @@ def fixture_data(d2l, monkeypatch, tmp_path):
     """Tiny label files in three search locations; the real hash table knows them.
 
     Each location holds labels of a different value, so the value read back
-    says which location won. Returns (env_dir, local_dir, system_dir).
+    says which location won. Returns (env_dir, cache_dir, system_dir).
     """
     contents = {v: idx_labels([v] * 5) for v in (1, 2, 3)}
     monkeypatch.setattr(d2l, '_FASHION_MNIST_CACHE', {})
+    monkeypatch.setattr(d2l, '_SAID', set())
     monkeypatch.setitem(d2l.FASHION_MNIST_SHA256, LABELS,
                         hashlib.sha256(contents[1]).hexdigest())
-    workdir = tmp_path / 'book' / 'chapter'
-    workdir.mkdir(parents=True)
-    monkeypatch.chdir(workdir)  # so ../data/fashion-mnist is tmp_path/book/data
-    dirs = (tmp_path / 'env', tmp_path / 'book' / 'data' / 'fashion-mnist',
+    monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path / 'cache'))
+    dirs = (tmp_path / 'env', tmp_path / 'cache' / 'd2l' / 'fashion-mnist',
             tmp_path / 'system')
     for folder, value in zip(dirs, (1, 2, 3)):
         folder.mkdir(parents=True)
@@ -317,7 +405,7 @@ def read_value(d2l):
     return int(d2l.read_idx_file(LABELS)[0])
 
 
-def test_search_order_is_env_then_local_then_system(d2l, monkeypatch,
+def test_search_order_is_env_then_user_cache_then_system(d2l, monkeypatch,
                                                     fixture_data):
     (env_dir, local_dir, system_dir), contents = fixture_data
     # Every copy must verify, so give each location the same hash.
@@ -425,7 +513,7 @@ def test_corrupt_download_is_rejected_and_nothing_is_kept(d2l, fixture_data,
     assert list(dirs[0].iterdir()) == []
 
 
-def test_downloads_go_to_the_local_data_folder_without_d2l_data_dir(
+def test_downloads_go_to_the_user_cache_without_d2l_data_dir(
         d2l, monkeypatch, fixture_data, mirror):
     dirs, contents = fixture_data
     empty_search_path(*dirs)
@@ -443,3 +531,332 @@ def test_quick_mode_caps_training_at_two_epochs(d2l, quick):
 def test_full_mode_trains_the_epochs_asked_for(d2l, monkeypatch):
     monkeypatch.setenv('D2L_QUICK', '0')
     assert d2l.train_epochs(10) == 10
+
+
+# ---------------------------------------------------------------- one data folder, one download
+
+def test_the_data_folder_does_not_depend_on_the_working_directory(
+        framework, tmp_path):
+    """From any folder the loader finds the files and writes nothing there."""
+    workdir, cache = tmp_path / 'elsewhere', tmp_path / 'cache'
+    workdir.mkdir()
+    # The files sit in the user's cache only; the system copy is hidden and
+    # the mirror refuses, so only a working-directory-free search finds them.
+    data_dir = cache / 'd2l' / 'fashion-mnist'
+    data_dir.mkdir(parents=True)
+    system = pathlib.Path('/usr/share/datasets/fashion-mnist')
+    if not system.is_dir():
+        pytest.skip('needs the Debian package dataset-fashion-mnist')
+    for f in system.iterdir():
+        (data_dir / f.name).symlink_to(f)
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        closed_port = s.getsockname()[1]
+    env = dict(os.environ, PYTHONPATH=str(ROOT), XDG_CACHE_HOME=str(cache),
+               D2L_QUICK='1',
+               D2L_FASHION_MNIST_MIRROR=f'http://127.0.0.1:{closed_port}/')
+    env.pop('D2L_DATA_DIR', None)
+    code = (f'from d2l import {MODULES[framework]} as d2l; '
+            f'd2l.FASHION_MNIST_SYSTEM_DIR = {str(tmp_path / "none")!r}; '
+            'd2l.load_data_fashion_mnist(64)')
+    out = subprocess.run([sys.executable, '-c', code], cwd=workdir, env=env,
+                         capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert list(workdir.iterdir()) == []
+    # It names the folder it used, once, and the mode, once.
+    folders = [line for line in out.stdout.splitlines()
+               if line.startswith('Fashion-MNIST files from ')]
+    assert folders == [f'Fashion-MNIST files from {data_dir}']
+    assert out.stdout.count('quick mode') == 1
+
+
+class _SlowCountingMirror(http.server.BaseHTTPRequestHandler):
+    """Counts requests and answers slowly, so concurrent readers overlap."""
+    body, requests = b'', []
+
+    def do_GET(self):
+        self.requests.append(self.path)
+        time.sleep(0.3)
+        self.send_response(200)
+        self.send_header('Content-Length', str(len(self.body)))
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    def log_message(self, *args):
+        pass
+
+
+def serve(handler, monkeypatch):
+    """Start `handler` on a loopback port and point the loader's mirror at it."""
+    server = http.server.ThreadingHTTPServer(('127.0.0.1', 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv('D2L_FASHION_MNIST_MIRROR',
+                       f'http://127.0.0.1:{server.server_port}/')
+    return server
+
+
+def test_readers_that_start_together_download_once(d2l, monkeypatch,
+                                                   fixture_data):
+    """Four readers without the file: one downloads, the others wait and reuse it."""
+    dirs, contents = fixture_data
+    empty_search_path(*dirs)
+    _SlowCountingMirror.body = gzip.compress(contents[1])
+    _SlowCountingMirror.requests = []
+    server = serve(_SlowCountingMirror, monkeypatch)
+    values, errors = [], []
+
+    def reader():
+        try:
+            values.append(read_value(d2l))
+        except Exception as err:  # reported below, in the test's thread
+            errors.append(err)
+    try:
+        threads = [threading.Thread(target=reader) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert not errors, errors
+    assert values == [1] * 4
+    assert len(_SlowCountingMirror.requests) == 1
+    assert sorted(p.name for p in dirs[0].iterdir()) == [f'{LABELS}.gz']
+
+
+class _CutOffMirror(http.server.BaseHTTPRequestHandler):
+    """Promises a whole file, sends part of it, then drops the connection."""
+    body, reset = b'', False
+
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header('Content-Length', str(len(self.body)))
+        self.end_headers()
+        self.wfile.write(self.body[:len(self.body) // 2])
+        self.wfile.flush()
+        if self.reset:  # an abortive close: the client sees a reset
+            import struct
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                                       struct.pack('ii', 1, 0))
+        self.close_connection = True
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.mark.parametrize('reset', [False, True],
+                         ids=['cut-short', 'connection-reset'])
+def test_a_download_cut_off_midway_names_file_url_and_remedy(
+        d2l, monkeypatch, fixture_data, reset):
+    dirs, contents = fixture_data
+    empty_search_path(*dirs)
+    _CutOffMirror.body = gzip.compress(contents[1]) * 50
+    _CutOffMirror.reset = reset
+    server = serve(_CutOffMirror, monkeypatch)
+    try:
+        with pytest.raises(d2l.DatasetError) as info:
+            d2l.read_idx_file(LABELS)
+    finally:
+        server.shutdown()
+        server.server_close()
+    message = str(info.value)
+    assert LABELS in message
+    assert f'127.0.0.1:{server.server_port}/{LABELS}.gz' in message
+    assert 'cut off' in message and 'Run again' in message
+    assert 'D2L_DATA_DIR' in message
+    assert list(dirs[0].iterdir()) == []  # no partial file, no lock
+
+
+def test_the_loader_says_its_mode_once_per_process(d2l, quick, monkeypatch,
+                                                   capsys):
+    monkeypatch.setattr(d2l, '_SAID', set())
+    for _ in range(3):
+        d2l.load_data_fashion_mnist(batch_size=32)
+    assert capsys.readouterr().out.count('quick mode') == 1
+
+
+def test_ranks_other_than_zero_stay_silent(d2l, quick, monkeypatch, capsys):
+    monkeypatch.setattr(d2l, '_SAID', set())
+    monkeypatch.setenv('RANK', '1')
+    d2l.load_data_fashion_mnist(batch_size=32)
+    assert capsys.readouterr().out == ''
+
+
+# ---------------------------------------------------------------- d2l's own calls
+
+def test_evaluate_accuracy_gpu_takes_a_plain_function(framework, d2l):
+    """d2l's from-scratch call: evaluate_accuracy_gpu(lambda X: net(X, params), it, device)."""
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(40, 4)).astype('float32')
+    W = rng.normal(size=(4, 3)).astype('float32')
+    y = rng.integers(0, 3, size=40)
+    expected = float(np.mean((X @ W).argmax(axis=1) == y))
+    label_dtype = 'int32' if framework == 'mxnet' else 'int64'
+    batches = [(tensor(framework, X[i:i + 16]),
+                tensor(framework, y[i:i + 16], label_dtype))
+               for i in range(0, 40, 16)]
+    params = [tensor(framework, W)]
+    if framework == 'pytorch':
+        import torch
+        net = lambda X, params: torch.matmul(X, params[0])
+    elif framework == 'mxnet':
+        import mxnet as mx
+        net = lambda X, params: mx.np.dot(X, params[0])
+    else:
+        import paddle
+        net = lambda X, params: paddle.matmul(X, params[0])
+    device = d2l.try_gpu()
+    assert d2l.evaluate_accuracy_gpu(lambda X: net(X, params), batches,
+                                     device) == pytest.approx(expected)
+    assert d2l.evaluate_accuracy_gpu(lambda X: net(X, params),
+                                     batches) == pytest.approx(expected)
+
+
+def test_evaluate_accuracy_gpu_on_no_data_names_data_iter(framework, d2l):
+    net = linear_classifier(framework, np.eye(3, 4))
+    with pytest.raises(ValueError, match='data_iter yielded no examples'):
+        d2l.evaluate_accuracy_gpu(net, [])
+
+
+def test_animator_takes_d2ls_arguments(d2l):
+    animator = d2l.Animator(xlabel='epoch', xlim=[1, 10], ylim=[0, 1],
+                            legend=['train loss', 'train acc', 'test acc'],
+                            nrows=1, ncols=2, figsize=(7, 2.5))
+    assert len(animator.axes) == 2
+    animator.add(1, (0.9, 0.3, None))
+    animator.add(2, (0.5, 0.6, 0.55))
+    assert animator.Y == [[0.9, 0.5], [0.3, 0.6], [0.55]]
+    assert animator.axes[0].get_xlabel() == 'epoch'
+
+
+def test_residual_takes_d2ls_argument_names(framework, d2l):
+    block = d2l.Residual(input_channels=3, num_channels=6, use_1x1conv=True,
+                         strides=2)
+    X = tensor(framework, np.random.default_rng(0).random(
+        (2, 3, 6, 6)).astype('float32'))
+    if framework == 'mxnet':
+        block.initialize()
+    assert tuple(block(X).shape) == (2, 6, 3, 3)
+
+
+def test_d2l_style_metric_bookkeeping(d2l):
+    """The epoch loop of d2l's train_ch6, run against our Timer and Accumulator."""
+    timer, metric = d2l.Timer(), d2l.Accumulator(3)
+    for loss, correct, n in ((2.0, 3, 4), (1.0, 1, 2)):
+        timer.start()
+        metric.add(loss * n, correct, n)
+        timer.stop()
+    assert metric[0] / metric[2] == pytest.approx(10 / 6)
+    assert metric[1] / metric[2] == pytest.approx(4 / 6)
+    assert len(timer.times) == 2 and timer.sum() >= 0
+
+
+# ---------------------------------------------------------------- accuracy never overcounts
+
+@pytest.mark.parametrize('scores_shape, labels_shape', [
+    ((4, 1), (4,)), ((4,), (4, 1)), ((4, 1), (4, 1)), ((4, 3), (4, 1))])
+def test_accuracy_of_a_column_counts_each_example_once(framework, d2l,
+                                                       scores_shape,
+                                                       labels_shape):
+    """Labels or scores shaped (N, 1) are one column, not an N-by-N table."""
+    labels = np.array([0, 1, 1, 0])
+    if scores_shape == (4, 3):
+        scores = np.eye(3, dtype='float32')[[0, 1, 2, 2]]
+        expected = 2
+    else:
+        scores = np.array([0, 1, 0, 0], dtype='float32')
+        expected = 3
+    label_dtype = 'int32' if framework == 'mxnet' else 'int64'
+    count = d2l.accuracy(tensor(framework, scores.reshape(scores_shape)),
+                         tensor(framework, labels.reshape(labels_shape),
+                                label_dtype))
+    assert count == expected
+
+
+def test_accuracy_rejects_unpaired_lengths(framework, d2l):
+    with pytest.raises(ValueError, match=r'y_hat .*\(5, 3\) and y \(4,\)'):
+        d2l.accuracy(tensor(framework, np.zeros((5, 3))),
+                     tensor(framework, np.zeros(4)))
+
+
+def test_accuracy_is_a_count_between_zero_and_n(framework, d2l):
+    """Property: for any N, C and shapes, the count equals a NumPy reference."""
+    from hypothesis import given, settings, strategies as st
+    label_dtype = 'int32' if framework == 'mxnet' else 'int64'
+
+    @settings(max_examples=40, deadline=None)
+    @given(n=st.integers(0, 12), c=st.integers(1, 5), seed=st.integers(0, 99),
+           column=st.booleans())
+    def check(n, c, seed, column):
+        rng = np.random.default_rng(seed)
+        scores = rng.normal(size=(n, c)).astype('float32')
+        labels = rng.integers(0, c, size=n)
+        predicted = scores.argmax(axis=1) if c > 1 else scores[:, 0]
+        reference = int(np.sum(predicted.astype(labels.dtype) == labels))
+        count = d2l.accuracy(
+            tensor(framework, scores),
+            tensor(framework, labels.reshape(-1, 1) if column else labels,
+                   label_dtype))
+        assert count == int(count) and 0 <= count <= n
+        assert count == reference
+    check()
+
+
+# ---------------------------------------------------------------- curves stay in the notebook
+
+def test_a_training_cell_keeps_its_figure_above_its_summary(framework,
+                                                            tmp_path):
+    """Run headless as d2lbook does: the cell ends with an image, then the text."""
+    import nbformat
+    from nbclient import NotebookClient
+    cell = (f'import sys; sys.path.insert(0, {str(ROOT)!r})\n'
+            f'from d2l import {MODULES[framework]} as d2l\n'
+            'animator = d2l.Animator(xlabel="epoch", legend=["loss"])\n'
+            'for epoch in range(1, 5):\n'
+            '    animator.add(epoch, 1 / epoch)\n'
+            'print("test accuracy 0.900")\n')
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(cell)])
+    NotebookClient(nb, timeout=300, kernel_name='python3',
+                   resources={'metadata': {'path': str(tmp_path)}}).execute()
+    kinds = []
+    for output in nb.cells[0].outputs:
+        data = output.get('data', {})
+        if 'image/svg+xml' in data or 'image/png' in data:
+            kinds.append('image')
+        elif output.get('name') == 'stdout' and 'test accuracy' in \
+                output.get('text', ''):
+            kinds.append('text')
+    assert kinds == ['image', 'text'], nb.cells[0].outputs
+
+
+# ---------------------------------------------------------------- one API
+
+def test_helpers_have_the_same_signature_in_every_framework():
+    """A helper of this section has the same parameters in all three flavours."""
+    import importlib
+    import inspect
+    modules = [importlib.import_module(f'd2l.{m}') for m in MODULES.values()]
+
+    def helpers(module):
+        found = {}
+        for name, obj in vars(module).items():
+            if name.startswith('_') or not callable(obj) or \
+                    getattr(obj, '__module__', None) != module.__name__:
+                continue
+            target = obj.__init__ if inspect.isclass(obj) else obj
+            docs = (obj.__doc__ or '') + (target.__doc__ or '')
+            if 'sec_helpers' in docs or name in expected:
+                found[name] = str(inspect.signature(target))
+        return found
+    expected = {'try_gpu', 'try_all_gpus', 'try_gpus', 'describe_devices',
+                'Timer', 'Accumulator', 'accuracy', 'evaluate_accuracy_gpu',
+                'sgd', 'Animator', 'load_data_fashion_mnist', 'Residual'}
+    seen = [helpers(m) for m in modules]
+    shared = set(seen[0]) & set(seen[1]) & set(seen[2])
+    assert expected <= shared
+    for name in sorted(shared):
+        signatures = {s[name] for s in seen}
+        if name == 'Residual':  # Gluon blocks also take a prefix and params
+            signatures = {s.replace(', **kwargs', '') for s in signatures}
+        assert len(signatures) == 1, (name, signatures)
