@@ -809,7 +809,7 @@ def ring_allreduce(data):
             if bounds[c] < bounds[c + 1]:
                 chunks[j][c][:] = chunks[i][c].as_in_context(data[j].context)
 
-def check_resnet_args(num_classes, in_channels):
+def _check_resnet_args(num_classes, in_channels):
     """Reject a class or channel count that is not a positive integer, saying which.
 
     Defined in :numref:`sec_multi_gpu_concise`"""
@@ -823,7 +823,7 @@ def resnet18(num_classes, in_channels=1):
     """ResNet-18 for small images: 3x3 stem, no max-pooling, four stages of two residual blocks.
 
     Defined in :numref:`sec_multi_gpu_concise`"""
-    d2l.check_resnet_args(num_classes, in_channels)
+    d2l._check_resnet_args(num_classes, in_channels)
     net = nn.Sequential()
     # Stem for small images: one 3x3 convolution of stride 1, and no pooling.
     net.add(nn.Conv2D(64, kernel_size=3, padding=1, in_channels=in_channels),
@@ -832,7 +832,7 @@ def resnet18(num_classes, in_channels=1):
                                     (128, 256, True), (256, 512, True)]:
         # A stage's first block halves the resolution, widens the channels.
         net.add(d2l.Residual(in_c, out_c, use_1x1conv=downsample,
-                             stride=2 if downsample else 1),
+                             strides=2 if downsample else 1),
                 d2l.Residual(out_c, out_c))
     net.add(nn.GlobalAvgPool2D(), nn.Dense(num_classes, in_units=512))
     return net
@@ -841,26 +841,37 @@ def count_trainable_params(net):
     """Number of values in `net` that receive gradients (batch-norm statistics excluded).
 
     Defined in :numref:`sec_multi_gpu_concise`"""
+    if not isinstance(net, gluon.Block):
+        raise TypeError(f'net must be a model (gluon.Block), got '
+                        f'{type(net).__name__}; pass e.g. d2l.resnet18(10)')
     return sum(p.data().size for p in net.collect_params().values()
                if p.grad_req != 'null')
 
-def check_num_gpus(num_gpus):
-    """Reject a device count that is not a positive integer, saying what was passed.
+def _check_devices(devices):
+    """Reject an empty device list, saying how to get one.
 
     Defined in :numref:`sec_multi_gpu_concise`"""
-    if isinstance(num_gpus, bool) or not isinstance(num_gpus, int) or \
-            num_gpus < 1:
-        raise ValueError(
-            f'num_gpus must be a positive integer, got {num_gpus!r}')
+    if not devices:
+        raise ValueError(f'devices is empty ({devices!r}); pass at least one '
+                         f'device, e.g. d2l.try_gpus(1)')
 
-def data_parallel_devices(num_gpus):
-    """Up to `num_gpus` of the GPUs present, or `num_gpus` distinct CPU contexts without GPUs.
+def _batches(data_iter, name):
+    """Iterate over `data_iter`, or say that argument `name` is no iterable.
 
     Defined in :numref:`sec_multi_gpu_concise`"""
-    d2l.check_num_gpus(num_gpus)
-    if d2l.num_gpus() == 0:
-        return [mx.cpu(i) for i in range(num_gpus)]
-    return [mx.gpu(i) for i in range(min(num_gpus, d2l.num_gpus()))]
+    try:
+        return iter(data_iter)
+    except TypeError:
+        raise TypeError(f'{name} must be an iterable of (X, y) minibatches, '
+                        f'got {type(data_iter).__name__}') from None
+
+def _check_examples(num_examples, name):
+    """Reject an iterator `name` that yielded no examples.
+
+    Defined in :numref:`sec_multi_gpu_concise`"""
+    if num_examples == 0:
+        raise ValueError(f'{name} yielded no examples; pass an iterator '
+                         f'with at least one non-empty minibatch')
 
 def evaluate_accuracy_gpus(net, data_iter, split_f=d2l.split_batch,
                            devices=None):
@@ -869,39 +880,54 @@ def evaluate_accuracy_gpus(net, data_iter, split_f=d2l.split_batch,
     Defined in :numref:`sec_multi_gpu_concise`"""
     if devices is None:  # every context that holds a copy of the parameters
         devices = list(net.collect_params().values())[0].list_ctx()
+    d2l._check_devices(devices)
     counts = d2l.Accumulator(2)  # correct predictions, examples
-    for X, y in data_iter:
+    for X, y in d2l._batches(data_iter, 'data_iter'):
         k = min(len(devices), X.shape[0])
+        if k == 0:
+            continue
         X_shards, y_shards = split_f(X, y, devices[:k])
         y_hats = [net(X_s) for X_s in X_shards]  # each uses its context's copy
         for y_hat, y_s in zip(y_hats, y_shards):
             counts.add(d2l.accuracy(y_hat, y_s), y_s.size)
+    d2l._check_examples(counts[1], 'data_iter')
     return counts[0] / counts[1]
 
-def train_step_concise(net, X, y, loss, trainer, devices,
-                       split_f=d2l.split_batch):
+def _check_step(X, y, devices):
+    """Reject a minibatch or device list that a training step cannot use.
+
+    Defined in :numref:`sec_multi_gpu_concise`"""
+    d2l._check_devices(devices)
+    if X.shape[0] != y.shape[0]:
+        raise ValueError(f'X holds {X.shape[0]} examples but y holds '
+                         f'{y.shape[0]} labels; pass one label per example')
+    if X.shape[0] == 0:
+        raise ValueError('X is an empty minibatch; pass at least one example')
+
+def train_step_concise(net, X, y, loss, optimizer, devices):
     """One data-parallel SGD step on minibatch (X, y) over `devices`; returns the summed loss.
 
     Defined in :numref:`sec_multi_gpu_concise`"""
-    X_shards, y_shards = split_f(X, y, devices)
+    d2l._check_step(X, y, devices)
+    X_shards, y_shards = d2l.split_batch(X, y, devices)
     with autograd.record():
         losses = [loss(net(X_s), y_s) for X_s, y_s in zip(X_shards, y_shards)]
     for l in losses:
         l.backward()
-    trainer.step(X.shape[0])  # sums over the contexts, then updates every copy
-    return sum(l.sum().as_in_context(devices[0]) for l in losses)
+    optimizer.step(X.shape[0])  # sums over the contexts, updates every copy
+    return sum(l.sum().as_in_ctx(devices[0]) for l in losses)
 
-def train_epoch_concise(net, train_iter, loss, trainer, devices,
-                        split_f=d2l.split_batch):
+def train_epoch_concise(net, train_iter, loss, optimizer, devices):
     """One pass of data-parallel training over `train_iter`; returns (summed loss, examples).
 
     Defined in :numref:`sec_multi_gpu_concise`"""
-    total, n = mx.nd.zeros(1, ctx=devices[0]), 0
-    for X, y in train_iter:
-        total += d2l.train_step_concise(net, X, y, loss, trainer, devices,
-                                        split_f)
+    d2l._check_devices(devices)
+    total, n = np.zeros((), ctx=devices[0]), 0
+    for X, y in d2l._batches(train_iter, 'train_iter'):
+        total += d2l.train_step_concise(net, X, y, loss, optimizer, devices)
         n += X.shape[0]
-    return float(total.asscalar()), n
+    d2l._check_examples(n, 'train_iter')
+    return float(total.item()), n
 
 import math
 import numbers

@@ -836,12 +836,15 @@ def ring_allreduce(data):
                 with paddle.device.device_guard(places[j]):
                     chunks[j][c][:] = chunks[i][c].to(places[j])
 
+import contextlib
 import copy
+import logging
 import os
 import tempfile
+import warnings
 import numpy as np
 
-def check_resnet_args(num_classes, in_channels):
+def _check_resnet_args(num_classes, in_channels):
     """Reject a class or channel count that is not a positive integer, saying which.
 
     Defined in :numref:`sec_multi_gpu_concise`"""
@@ -870,7 +873,7 @@ def resnet18(num_classes, in_channels=1):
     """ResNet-18 for small images: 3x3 stem, no max-pooling, four stages of two residual blocks.
 
     Defined in :numref:`sec_multi_gpu_concise`"""
-    d2l.check_resnet_args(num_classes, in_channels)
+    d2l._check_resnet_args(num_classes, in_channels)
     # Stem for small images: one 3x3 convolution of stride 1, and no pooling.
     layers = [nn.Conv2D(in_channels, 64, kernel_size=3, padding=1),
               nn.BatchNorm2D(64), nn.ReLU()]
@@ -879,7 +882,7 @@ def resnet18(num_classes, in_channels=1):
         # A stage's first block halves the resolution, widens the channels.
         layers.append(nn.Sequential(
             d2l.Residual(in_c, out_c, use_1x1conv=downsample,
-                         stride=2 if downsample else 1),
+                         strides=2 if downsample else 1),
             d2l.Residual(out_c, out_c)))
     layers += [nn.AdaptiveAvgPool2D((1, 1)), nn.Flatten(),
                nn.Linear(512, num_classes)]
@@ -891,25 +894,36 @@ def count_trainable_params(net):
     """Number of values in `net` that receive gradients (batch-norm statistics excluded).
 
     Defined in :numref:`sec_multi_gpu_concise`"""
+    if not isinstance(net, nn.Layer):
+        raise TypeError(f'net must be a model (paddle.nn.Layer), got '
+                        f'{type(net).__name__}; pass e.g. d2l.resnet18(10)')
     return sum(p.size for p in net.parameters() if not p.stop_gradient)
 
-def check_num_gpus(num_gpus):
-    """Reject a device count that is not a positive integer, saying what was passed.
+def _check_devices(devices):
+    """Reject an empty device list, saying how to get one.
 
     Defined in :numref:`sec_multi_gpu_concise`"""
-    if isinstance(num_gpus, bool) or not isinstance(num_gpus, int) or \
-            num_gpus < 1:
-        raise ValueError(
-            f'num_gpus must be a positive integer, got {num_gpus!r}')
+    if not devices:
+        raise ValueError(f'devices is empty ({devices!r}); pass at least one '
+                         f'device, e.g. d2l.try_gpus(1)')
 
-def data_parallel_places(num_gpus):
-    """Where the processes of a run will compute: up to `num_gpus` GPUs, or the CPU `num_gpus` times.
+def _batches(data_iter, name):
+    """Iterate over `data_iter`, or say that argument `name` is no iterable.
 
     Defined in :numref:`sec_multi_gpu_concise`"""
-    d2l.check_num_gpus(num_gpus)
-    if d2l.num_gpus() == 0:
-        return [paddle.CPUPlace() for _ in range(num_gpus)]
-    return [paddle.CUDAPlace(i) for i in range(min(num_gpus, d2l.num_gpus()))]
+    try:
+        return iter(data_iter)
+    except TypeError:
+        raise TypeError(f'{name} must be an iterable of (X, y) minibatches, '
+                        f'got {type(data_iter).__name__}') from None
+
+def _check_examples(num_examples, name):
+    """Reject an iterator `name` that yielded no examples.
+
+    Defined in :numref:`sec_multi_gpu_concise`"""
+    if num_examples == 0:
+        raise ValueError(f'{name} yielded no examples; pass an iterator '
+                         f'with at least one non-empty minibatch')
 
 def evaluate_accuracy_gpus(net, data_iter, split_f=d2l.split_batch,
                            devices=None):
@@ -918,54 +932,89 @@ def evaluate_accuracy_gpus(net, data_iter, split_f=d2l.split_batch,
     Defined in :numref:`sec_multi_gpu_concise`"""
     if devices is None:
         devices = d2l.try_all_gpus()
-    home = str(net.parameters()[0].place)
+    d2l._check_devices(devices)
+    home = str(net.parameters()[0].place)  # e.g. 'Place(gpu:0)'
     net.eval()  # batch normalisation uses its running statistics
-    copies = [net if str(d) == home else copy.deepcopy(net).to(d)
-              for d in devices]
+    copies = []
+    for d in devices:
+        if home in (str(d), f'Place({d})'):  # a Place, or a name like 'gpu:0'
+            copies.append(net)
+        else:
+            with paddle.device.device_guard(d):
+                copies.append(copy.deepcopy(net).to(d))
     counts = d2l.Accumulator(2)  # correct predictions, examples
     with paddle.no_grad():
-        for X, y in data_iter:
+        for X, y in d2l._batches(data_iter, 'data_iter'):
             k = min(len(devices), X.shape[0])
+            if k == 0:
+                continue
             X_shards, y_shards = split_f(X, y, devices[:k])
-            y_hats = [m(X_s) for m, X_s in zip(copies, X_shards)]
+            y_hats = []
+            for m, X_s, d in zip(copies, X_shards, devices):
+                with paddle.device.device_guard(d):  # compute where X_s is
+                    y_hats.append(m(X_s))
             for y_hat, y_s in zip(y_hats, y_shards):
                 counts.add(d2l.accuracy(y_hat, y_s), y_s.shape[0])
+    d2l._check_examples(counts[1], 'data_iter')
     return counts[0] / counts[1]
 
-def train_step_concise(net, X, y, loss, optimizer):
+def _check_step(X, y, devices):
+    """Reject a minibatch or device list that a training step cannot use.
+
+    Defined in :numref:`sec_multi_gpu_concise`"""
+    d2l._check_devices(devices)
+    if X.shape[0] != y.shape[0]:
+        raise ValueError(f'X holds {X.shape[0]} examples but y holds '
+                         f'{y.shape[0]} labels; pass one label per example')
+    if X.shape[0] == 0:
+        raise ValueError('X is an empty minibatch; pass at least one example')
+
+def train_step_concise(net, X, y, loss, optimizer, devices):
     """One SGD step of this process on its minibatch (X, y); returns the summed loss.
 
     Defined in :numref:`sec_multi_gpu_concise`"""
-    l = loss(net(X), y)
-    l.backward()  # paddle.DataParallel averages gradients across processes
-    optimizer.step()
+    d2l._check_step(X, y, devices)
+    if len(devices) != 1:
+        raise ValueError(f'devices names {len(devices)} devices, but a '
+                         f'PaddlePaddle process computes on one; pass '
+                         f'[its device] and start one process per device, '
+                         f'as d2l.train_concise_spawn does')
+    X, y = X.to(devices[0]), y.to(devices[0])
+    with paddle.device.device_guard(devices[0]):
+        l = loss(net(X), y)
+        l.backward()  # paddle.DataParallel averages gradients across processes
+        optimizer.step()
     optimizer.clear_grad()
     return l.detach() * X.shape[0]
 
-def train_epoch_concise(net, train_iter, loss, optimizer):
+def train_epoch_concise(net, train_iter, loss, optimizer, devices):
     """One pass of this process over its part of the data; returns (summed loss, examples).
 
     Defined in :numref:`sec_multi_gpu_concise`"""
+    d2l._check_devices(devices)
     net.train()
-    total, n = paddle.zeros([]), 0
-    for X, y in train_iter:
-        total += d2l.train_step_concise(net, X, y, loss, optimizer)
+    total, n = paddle.zeros([]).to(devices[0]), 0
+    for X, y in d2l._batches(train_iter, 'train_iter'):
+        total += d2l.train_step_concise(net, X, y, loss, optimizer, devices)
         n += X.shape[0]
+    d2l._check_examples(n, 'train_iter')
     return float(total), n
 
-def train_concise_worker(net, num_epochs, batch_size, lr, weights_file):
-    """Body of each process of multi-process data-parallel training; returns its record.
+def _train_concise_worker(net_fn, seed, num_epochs, batch_size, lr, folder):
+    """Body of each process of train_concise_spawn; returns its record.
 
     Defined in :numref:`sec_multi_gpu_concise`"""
+    rank = int(os.environ.get('PADDLE_TRAINER_ID', '0'))
+    log = os.open(os.path.join(folder, f'rank{rank}.log'),
+                  os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    for stream in (1, 2):  # start-up notices, C++ log lines, abort reports
+        os.dup2(log, stream)
     dist = paddle.distributed
-    dist.init_parallel_env()
-    rank, world = dist.get_rank(), dist.get_world_size()
-    # A model that arrives pickled drifted from the one-process result after
-    # the first step under paddle.DataParallel (PaddlePaddle 3.3); a deep copy,
-    # which rebuilds every parameter through its constructor, trains correctly.
-    net = copy.deepcopy(net)
-    net.to(paddle.get_device())  # this process's GPU, or the CPU
-    model = paddle.DataParallel(net)  # copies rank 0's parameters to all
+    dist.init_parallel_env()  # also makes this process's GPU the current one
+    world = dist.get_world_size()
+    device = paddle.get_device()  # 'gpu:<rank's GPU>' or 'cpu'
+    paddle.seed(seed)
+    model = paddle.DataParallel(net_fn())  # copies rank 0's parameters to all
     train_iter, _ = d2l.load_data_fashion_mnist(batch_size // world)
     sampler = paddle.io.DistributedBatchSampler(
         train_iter.dataset, batch_size // world, shuffle=True)
@@ -974,43 +1023,100 @@ def train_concise_worker(net, num_epochs, batch_size, lr, weights_file):
     optimizer = paddle.optimizer.SGD(learning_rate=lr,
                                      parameters=model.parameters())
     loss = nn.CrossEntropyLoss()
-    record = {'device': paddle.get_device(), 'train_loss': [],
-              'epoch_seconds': []}
+    record = {'device': device, 'train_loss': [], 'epoch_seconds': []}
     timer = d2l.Timer()
     for epoch in range(num_epochs):
         sampler.set_epoch(epoch)  # a new shuffle, the same on every process
         timer.start()
         loss_sum, n = d2l.train_epoch_concise(model, shard_iter, loss,
-                                              optimizer)
+                                              optimizer, [device])
         record['epoch_seconds'].append(timer.stop())
         totals = paddle.to_tensor([loss_sum, float(n)], dtype='float64')
         if world > 1:  # add up every process's loss and example count
             dist.all_reduce(totals)
         record['train_loss'].append(float(totals[0] / totals[1]))
     if rank == 0:
-        paddle.save(net.state_dict(), weights_file)
+        paddle.save(model._layers.state_dict(),
+                    os.path.join(folder, 'trained.pdparams'))
     return record
 
-def train_concise_spawn(net, num_gpus, batch_size, lr, num_epochs):
-    """Train `net` with one process per device via paddle.DataParallel; return process 0's record.
+@contextlib.contextmanager
+def _quiet_spawn():
+    """Keep PaddlePaddle's start-up notices out of the output while processes start.
 
     Defined in :numref:`sec_multi_gpu_concise`"""
-    places = d2l.data_parallel_places(num_gpus)
-    if batch_size % len(places):
-        raise ValueError(f'batch_size {batch_size} cannot be shared equally by '
-                         f'{len(places)} processes; use a multiple of '
-                         f'{len(places)}')
-    backend = 'nccl' if d2l.num_gpus() else 'gloo'
+    saved = {k: os.environ.get(k) for k in ('GLOG_minloglevel',
+                                             'PYTHONWARNINGS')}
+    os.environ['GLOG_minloglevel'] = '2'  # no C++ INFO or WARNING lines
+    os.environ['PYTHONWARNINGS'] = 'ignore::UserWarning'  # import notices
+    launcher_log = logging.getLogger('root')  # Paddle logs free ports here
+    level = launcher_log.level
+    launcher_log.setLevel(logging.WARNING)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings('ignore', message='.*CPUONLY mode')
+            yield
+    finally:
+        launcher_log.setLevel(level)
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+def _check_spawn_args(net_fn, devices, batch_size, lr, num_epochs):
+    """Reject arguments of train_concise_spawn that cannot work, saying which.
+
+    Defined in :numref:`sec_multi_gpu_concise`"""
+    if isinstance(net_fn, nn.Layer) or not callable(net_fn):
+        raise TypeError('net_fn must be a function that builds the model, '
+                        f'got {type(net_fn).__name__}; pass e.g. '
+                        'functools.partial(d2l.resnet18, 10)')
+    d2l._check_devices(devices)
+    for name, value in (('batch_size', batch_size),
+                        ('num_epochs', num_epochs)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f'{name} must be a positive integer, '
+                             f'got {value!r}')
+    if batch_size % len(devices):
+        raise ValueError(f'batch_size {batch_size} cannot be shared equally '
+                         f'by {len(devices)} processes; use a multiple of '
+                         f'{len(devices)}')
+    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or \
+            not lr > 0:
+        raise ValueError(f'lr must be a positive number, got {lr!r}')
+
+def train_concise_spawn(net_fn, devices, batch_size, lr, num_epochs, seed=0):
+    """Train net_fn() with one process per device under paddle.DataParallel; return (model, record).
+
+    Defined in :numref:`sec_multi_gpu_concise`"""
+    d2l._check_spawn_args(net_fn, devices, batch_size, lr, num_epochs)
+    gpus = [str(d.get_device_id()) for d in devices
+            if isinstance(d, paddle.CUDAPlace)]
+    options = {'backend': 'nccl', 'gpus': ','.join(gpus)} if gpus else {
+        'backend': 'gloo'}
     with tempfile.TemporaryDirectory() as folder:
-        weights_file = os.path.join(folder, 'trained.pdparams')
-        context = paddle.distributed.spawn(
-            d2l.train_concise_worker, nprocs=len(places), backend=backend,
-            args=(net, num_epochs, batch_size, lr, weights_file))
+        with d2l._quiet_spawn():
+            context = paddle.distributed.spawn(
+                d2l._train_concise_worker, nprocs=len(devices), join=False,
+                args=(net_fn, seed, num_epochs, batch_size, lr, folder),
+                **options)
+        try:
+            while not context.join():
+                pass
+        finally:  # after a failure or an interrupt, leave no process behind
+            for process in context.processes:
+                if process.is_alive():
+                    process.terminate()
+                process.join()
         records = [queue.get() for queue in context.return_queues]
-        net.set_state_dict(paddle.load(weights_file))
+        paddle.seed(seed)
+        net = net_fn()
+        net.set_state_dict(paddle.load(os.path.join(folder,
+                                                    'trained.pdparams')))
     record = records[0]  # process 0's timings; the losses are global
     record['devices'] = [r['device'] for r in records]
-    return record
+    return net, record
 
 import contextlib
 import json

@@ -804,7 +804,7 @@ def ring_allreduce(data):
 
 import copy
 
-def check_resnet_args(num_classes, in_channels):
+def _check_resnet_args(num_classes, in_channels):
     """Reject a class or channel count that is not a positive integer, saying which.
 
     Defined in :numref:`sec_multi_gpu_concise`"""
@@ -818,7 +818,7 @@ def resnet18(num_classes, in_channels=1):
     """ResNet-18 for small images: 3x3 stem, no max-pooling, four stages of two residual blocks.
 
     Defined in :numref:`sec_multi_gpu_concise`"""
-    d2l.check_resnet_args(num_classes, in_channels)
+    d2l._check_resnet_args(num_classes, in_channels)
     # Stem for small images: one 3x3 convolution of stride 1, and no pooling.
     layers = [nn.Conv2d(in_channels, 64, kernel_size=3, padding=1),
               nn.BatchNorm2d(64), nn.ReLU()]
@@ -827,7 +827,7 @@ def resnet18(num_classes, in_channels=1):
         # A stage's first block halves the resolution, widens the channels.
         layers.append(nn.Sequential(
             d2l.Residual(in_c, out_c, use_1x1conv=downsample,
-                         stride=2 if downsample else 1),
+                         strides=2 if downsample else 1),
             d2l.Residual(out_c, out_c)))
     layers += [nn.AdaptiveAvgPool2d((1, 1)), nn.Flatten(),
                nn.Linear(512, num_classes)]
@@ -837,34 +837,36 @@ def count_trainable_params(net):
     """Number of values in `net` that receive gradients (batch-norm statistics excluded).
 
     Defined in :numref:`sec_multi_gpu_concise`"""
+    if not isinstance(net, nn.Module):
+        raise TypeError(f'net must be a model (torch.nn.Module), got '
+                        f'{type(net).__name__}; pass e.g. d2l.resnet18(10)')
     return sum(p.numel() for p in net.parameters() if p.requires_grad)
 
-def check_num_gpus(num_gpus):
-    """Reject a device count that is not a positive integer, saying what was passed.
+def _check_devices(devices):
+    """Reject an empty device list, saying how to get one.
 
     Defined in :numref:`sec_multi_gpu_concise`"""
-    if isinstance(num_gpus, bool) or not isinstance(num_gpus, int) or \
-            num_gpus < 1:
-        raise ValueError(
-            f'num_gpus must be a positive integer, got {num_gpus!r}')
+    if not devices:
+        raise ValueError(f'devices is empty ({devices!r}); pass at least one '
+                         f'device, e.g. d2l.try_gpus(1)')
 
-def data_parallel_devices(num_gpus):
-    """Up to `num_gpus` of the GPUs present, or [cpu] without GPUs (no CPU copies in nn.DataParallel).
-
-    Defined in :numref:`sec_multi_gpu_concise`"""
-    d2l.check_num_gpus(num_gpus)
-    found = min(num_gpus, d2l.num_gpus())
-    if found == 0:
-        return [torch.device('cpu')]
-    return [torch.device(f'cuda:{i}') for i in range(found)]
-
-def data_parallel_model(net, num_gpus):
-    """Move `net` to the first device and wrap it in nn.DataParallel; return it and the devices.
+def _batches(data_iter, name):
+    """Iterate over `data_iter`, or say that argument `name` is no iterable.
 
     Defined in :numref:`sec_multi_gpu_concise`"""
-    devices = d2l.data_parallel_devices(num_gpus)
-    net.to(devices[0])  # every parameter exists already, so all are moved
-    return nn.DataParallel(net, device_ids=devices), devices
+    try:
+        return iter(data_iter)
+    except TypeError:
+        raise TypeError(f'{name} must be an iterable of (X, y) minibatches, '
+                        f'got {type(data_iter).__name__}') from None
+
+def _check_examples(num_examples, name):
+    """Reject an iterator `name` that yielded no examples.
+
+    Defined in :numref:`sec_multi_gpu_concise`"""
+    if num_examples == 0:
+        raise ValueError(f'{name} yielded no examples; pass an iterator '
+                         f'with at least one non-empty minibatch')
 
 def evaluate_accuracy_gpus(net, data_iter, split_f=d2l.split_batch,
                            devices=None):
@@ -876,39 +878,57 @@ def evaluate_accuracy_gpus(net, data_iter, split_f=d2l.split_batch,
     if devices is None:
         devices = [torch.device(f'cuda:{i}') for i in net.device_ids] \
             if isinstance(net, nn.DataParallel) and net.device_ids else [home]
+    d2l._check_devices(devices)
     model.eval()  # batch normalisation uses its running statistics
-    copies = [model if d == home else copy.deepcopy(model).to(d)
+    copies = [model if torch.device(d) == home else copy.deepcopy(model).to(d)
               for d in devices]
     counts = d2l.Accumulator(2)  # correct predictions, examples
     with torch.no_grad():
-        for X, y in data_iter:
+        for X, y in d2l._batches(data_iter, 'data_iter'):
             k = min(len(devices), X.shape[0])
+            if k == 0:
+                continue
             X_shards, y_shards = split_f(X, y, devices[:k])
             y_hats = [m(X_s) for m, X_s in zip(copies, X_shards)]
             for y_hat, y_s in zip(y_hats, y_shards):
                 counts.add(d2l.accuracy(y_hat, y_s), y_s.numel())
+    d2l._check_examples(counts[1], 'data_iter')
     return counts[0] / counts[1]
 
-def train_step_concise(net, X, y, loss, optimizer, device):
+def _check_step(X, y, devices):
+    """Reject a minibatch or device list that a training step cannot use.
+
+    Defined in :numref:`sec_multi_gpu_concise`"""
+    d2l._check_devices(devices)
+    if X.shape[0] != y.shape[0]:
+        raise ValueError(f'X holds {X.shape[0]} examples but y holds '
+                         f'{y.shape[0]} labels; pass one label per example')
+    if X.shape[0] == 0:
+        raise ValueError('X is an empty minibatch; pass at least one example')
+
+def train_step_concise(net, X, y, loss, optimizer, devices):
     """One SGD step of an nn.DataParallel model on minibatch (X, y); returns the summed loss.
 
     Defined in :numref:`sec_multi_gpu_concise`"""
-    X, y = X.to(device), y.to(device)
+    d2l._check_step(X, y, devices)
+    X, y = X.to(devices[0]), y.to(devices[0])  # the wrapper scatters from here
     optimizer.zero_grad()
-    l = loss(net(X), y)  # the wrapper scatters X and gathers the outputs
+    l = loss(net(X), y)  # the wrapper gathers the outputs on devices[0]
     l.backward()
     optimizer.step()
     return l.detach() * X.shape[0]
 
-def train_epoch_concise(net, train_iter, loss, optimizer, device):
+def train_epoch_concise(net, train_iter, loss, optimizer, devices):
     """One pass of data-parallel training over `train_iter`; returns (summed loss, examples).
 
     Defined in :numref:`sec_multi_gpu_concise`"""
+    d2l._check_devices(devices)
     net.train()
-    total, n = torch.zeros((), device=device), 0
-    for X, y in train_iter:
-        total += d2l.train_step_concise(net, X, y, loss, optimizer, device)
+    total, n = torch.zeros((), device=devices[0]), 0
+    for X, y in d2l._batches(train_iter, 'train_iter'):
+        total += d2l.train_step_concise(net, X, y, loss, optimizer, devices)
         n += X.shape[0]
+    d2l._check_examples(n, 'train_iter')
     return float(total), n
 
 import contextlib
