@@ -46,7 +46,7 @@ SETTINGS = {
         allreduce_reps=2,
         ddp_batch=8, ddp_steps=1, ddp_reps=1, ddp_warmup=1,
         loader_batch=64, loader_epochs=1, loader_reps=2,
-        cm_sizes=[4_000, 400_000], cm_ks=[1, 2], cm_batch=8, cm_steps=1,
+        cm_sizes=[4_000, 16_000_000], cm_ks=[1, 2], cm_batch=8, cm_steps=1,
         cm_reps=1, cm_models=['lenet'], cm_models_paddle=['lenet']),
 }
 FRAMEWORKS = ('pytorch', 'mxnet', 'paddle')

@@ -164,17 +164,21 @@ def _concise_cases(ops, s, X, y):
         import torch
         from torch import nn
         for k in (1, 2):
-            model, devs = d2l.data_parallel_model(d2l.resnet18(10), k)
+            devs = d2l.try_gpus(k)
+            # As the concise section wraps it; without GPUs the wrapper
+            # just calls the model.
+            model = nn.DataParallel(d2l.resnet18(10).to(devs[0]),
+                                    device_ids=devs)
             optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
             loss = nn.CrossEntropyLoss()
             model.train()
-            cases[k] = (lambda m=model, o=optimizer, l=loss, d=devs[0]: [
+            cases[k] = (lambda m=model, o=optimizer, l=loss, d=devs: [
                 d2l.train_step_concise(m, X, y, l, o, d) for _ in range(steps)])
             devices[k] = [str(d) for d in devs]
     elif ops.name == 'mxnet':
         from mxnet import gluon, init
         for k in (1, 2):
-            devs = d2l.data_parallel_devices(k)
+            devs = d2l.try_gpus(k)
             net = d2l.resnet18(10)
             net.initialize(init.Xavier(), ctx=devs)
             trainer = gluon.Trainer(net.collect_params(), 'sgd',
@@ -193,7 +197,7 @@ def _paddle_concise(ops, s):
     d2l, out = ops.d2l, {}
     backend = 'nccl' if d2l.num_gpus() else 'gloo'
     for k in (1, 2):
-        places = d2l.data_parallel_places(k)
+        places = d2l.try_gpus(k)
         context = paddle.distributed.spawn(
             paddle_concise_steps, nprocs=len(places), backend=backend,
             args=(s['resnet_batch'], s['resnet_steps'], s['resnet_warmup'],
@@ -214,16 +218,14 @@ def concise_resnet18(ops, s):
     d2l = ops.d2l
     need(d2l, 'resnet18', 'train_step_concise')
     batch, steps = s['resnet_batch'], s['resnet_steps']
+    need(d2l, 'try_gpus')
     if ops.name == 'paddle':
-        need(d2l, 'data_parallel_places')
         runs = _paddle_concise(ops, s)
         times = {k: runs[k]['seconds'] for k in (1, 2)}
         devices = {k: runs[k]['devices'] for k in (1, 2)}
         note = ('one process per device (paddle.DataParallel); the two '
                 'configurations run one after the other, not interleaved')
     else:
-        need(d2l, 'data_parallel_model' if ops.name == 'pytorch'
-             else 'data_parallel_devices')
         X, y = ops.first_batch(batch)
         cases, devices = _concise_cases(ops, s, X, y)
         times = time_interleaved(cases, s['resnet_reps'], s['resnet_warmup'],

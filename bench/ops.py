@@ -17,9 +17,10 @@ class Ops:
         self.d2l = importlib.import_module(f'd2l.{MODULES[self.name]}')
 
     def devices(self, k):
-        """The k devices a section asks for: GPUs 0..k-1 where they exist,
-        otherwise the sections' CPU fallback (`d2l.try_gpu(i)`)."""
-        return [self.d2l.try_gpu(i) for i in range(k)]
+        """The devices the book's sections use for k copies of a model
+        (`d2l.try_gpus`): GPUs where they exist, else the CPU k times
+        (MXNet: cpu(0)..cpu(k-1))."""
+        return list(self.d2l.try_gpus(k))
 
     def first_batch(self, batch_size):
         """The first `batch_size` images and labels of Fashion-MNIST's real
