@@ -21,7 +21,10 @@ SETTINGS = {
         allreduce_mb=[1, 10, 100], allreduce_devices=[2, 4],
         allreduce_calls=1, allreduce_reps=5,
         ddp_batch=16, ddp_steps=1, ddp_reps=3, ddp_warmup=1,
-        loader_batch=256, loader_epochs=20, loader_reps=7),
+        loader_batch=256, loader_epochs=20, loader_reps=7,
+        cm_sizes=[4_000, 40_000, 400_000, 4_000_000, 40_000_000, 100_000_000],
+        cm_ks=[1, 2, 4], cm_batch=16, cm_steps=1, cm_reps=3,
+        cm_models=['lenet', 'resnet18'], cm_models_paddle=['lenet']),
     'full': dict(
         warmup=3,
         lenet_batch=256, lenet_steps=50, lenet_reps=9,
@@ -29,7 +32,11 @@ SETTINGS = {
         allreduce_mb=[1, 4, 16, 64, 100], allreduce_devices=[2, 4],
         allreduce_calls=5, allreduce_reps=7,
         ddp_batch=256, ddp_steps=20, ddp_reps=5, ddp_warmup=3,
-        loader_batch=256, loader_epochs=1, loader_reps=5),
+        loader_batch=256, loader_epochs=1, loader_reps=5,
+        cm_sizes=[4_000, 40_000, 400_000, 4_000_000, 40_000_000, 100_000_000],
+        cm_ks=[1, 2, 4], cm_batch=64, cm_steps=4, cm_reps=5,
+        cm_models=['lenet', 'resnet18'],
+        cm_models_paddle=['lenet', 'resnet18']),
     # For the smoke test: every code path once or twice, in seconds.
     'tiny': dict(
         warmup=1,
@@ -38,7 +45,9 @@ SETTINGS = {
         allreduce_mb=[1], allreduce_devices=[2], allreduce_calls=1,
         allreduce_reps=2,
         ddp_batch=8, ddp_steps=1, ddp_reps=1, ddp_warmup=1,
-        loader_batch=64, loader_epochs=1, loader_reps=2),
+        loader_batch=64, loader_epochs=1, loader_reps=2,
+        cm_sizes=[4_000, 16_000_000], cm_ks=[1, 2], cm_batch=8, cm_steps=1,
+        cm_reps=1, cm_models=['lenet'], cm_models_paddle=['lenet']),
 }
 FRAMEWORKS = ('pytorch', 'mxnet', 'paddle')
 MODULES = {'pytorch': 'torch', 'mxnet': 'mxnet', 'paddle': 'paddle'}
@@ -127,6 +136,20 @@ def bytes_per_device(algorithm, k, n_bytes):
         raise ValueError(f"algorithm must be 'naive' or 'ring', got "
                          f"{algorithm!r}")
     return dict(sent=moved, received=moved)
+
+
+def serial_shards_ratio(step_1, half_step_1, allreduce_2, split_2):
+    """The cost model's 2-device / 1-device examples-per-second ratio of the
+    from-scratch step when both "devices" share the same cores: the shards
+    run one after the other, so a 2-device step costs two 1-device steps on
+    half the batch plus the allreduce and the split (all seconds per step)."""
+    for name, value in (('step_1', step_1), ('half_step_1', half_step_1),
+                        ('allreduce_2', allreduce_2), ('split_2', split_2)):
+        if not (isinstance(value, (int, float)) and math.isfinite(value)
+                and value >= 0):
+            raise ValueError(f'{name} must be a finite number of seconds '
+                             f'>= 0, got {value!r}')
+    return step_1 / (2 * half_step_1 + allreduce_2 + split_2)
 
 
 # Vendor data-sheet peaks in TFLOP/s, dense (no structured sparsity).
@@ -265,6 +288,24 @@ def format_table(results):
                              f'{m["dp_one_thread"]["per_s"]:.0f} / '
                              f'{m["ddp"]["per_s"]:.0f} ex/s',
                              f'ddp/dp {m["ddp_over_dp_one_thread"]:.2f}'))
+        if 'cost_model' in res:
+            m = res['cost_model']
+            for k, (alpha, beta) in sorted(m['alpha_beta'].items()):
+                rows.append((fw, f'all_reduce fit, k={k}',
+                             f'alpha {alpha * 1e6:.0f} us, '
+                             f'beta {beta * 1e9:.3f} ns/B',
+                             f'{1 / beta / 1e9:.2f} GB/s'))
+            for r in m['rows']:
+                rows.append((fw, f'DDP {r["model"]}, k={r["k"]}, accumulate '
+                                 f'{r["accumulate"]} (s/micro-batch)',
+                             f'predicted {r["predicted_s"]:.4f} / measured '
+                             f'{r["measured_s"]:.4f}',
+                             f'error {r["error"]:+.0%}'))
+        if 'scratch_lenet' in res and 'model_ratio' in res['scratch_lenet']:
+            m = res['scratch_lenet']
+            rows.append((fw, 'from-scratch LeNet 2dev/1dev, cost model',
+                         f'predicted {m["model_ratio"]:.2f}',
+                         f'measured {m["ratio"]:.2f}'))
         if 'loader' in res:
             m = res['loader']
             rows.append((fw, f'data loader vs memory copy ({m["examples"]} ex)',
@@ -291,6 +332,8 @@ def headline_ratios(results):
             'ring_over_naive_time': largest and largest['time_ratio'],
             'ddp_over_dp': res.get('dp_vs_ddp', {}).get('ratio'),
             'loader_over_copy': res.get('loader', {}).get('ratio'),
+            'cost_model_max_error':
+                res.get('cost_model', {}).get('max_abs_error'),
         }
     return out
 
@@ -354,3 +397,41 @@ def plot(results, path):
         ax.grid(True, alpha=0.3)
     fig.tight_layout()
     fig.savefig(path)
+
+
+def plot_cost_model(results, path):
+    """Write an SVG of predicted against measured seconds per micro-batch of
+    DDP, one panel per framework that measured it; nothing if none did."""
+    parts = [(fw, r['cost_model']) for fw, r in results['frameworks'].items()
+             if 'cost_model' in r]
+    if not parts:
+        return False
+    import matplotlib
+    matplotlib.use('Agg')
+    from matplotlib.figure import Figure
+    fig = Figure(figsize=(4.2 * len(parts), 3.6))
+    axes = fig.subplots(1, len(parts), squeeze=False)[0]
+    markers = {'lenet': 'o', 'resnet18': 's'}
+    for ax, (fw, m) in zip(axes, parts):
+        for r in m['rows']:
+            ax.plot(r['measured_s'], r['predicted_s'],
+                    markers.get(r['model'], 'x'),
+                    color=f'C{r["k"]}', fillstyle=(
+                        'full' if r['accumulate'] == 1 else 'none'))
+            ax.annotate(f'k={r["k"]}', (r['measured_s'], r['predicted_s']),
+                        fontsize=6)
+        lo = min(min(r['measured_s'], r['predicted_s']) for r in m['rows'])
+        hi = max(max(r['measured_s'], r['predicted_s']) for r in m['rows'])
+        line = [lo / 1.3, hi * 1.3]
+        ax.plot(line, line, 'k-', lw=0.8)
+        ax.fill_between(line, [v * 0.75 for v in line],
+                        [v * 1.25 for v in line], color='0.9')
+        ax.set(xscale='log', yscale='log', xlabel='measured s/micro-batch',
+               ylabel='predicted s/micro-batch')
+        ax.set_title(f'{fw}: DDP cost model (grey: within 25%)\n'
+                     'circles LeNet, squares ResNet-18, hollow: accumulate',
+                     fontsize=8)
+        ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    return True

@@ -7,7 +7,7 @@ instead of failing the whole run.
 import numpy as np
 
 from bench.harness import (MB, TRAIN_FLOPS_PER_FORWARD, bytes_per_device,
-                           fraction_of_peak, gpu_name, resnet18_conv_flops,
+                           fraction_of_peak, gpu_name, resnet18_conv_flops, serial_shards_ratio,
                            speed_ratio, summarise, time_interleaved)
 
 
@@ -141,6 +141,12 @@ def scratch_lenet(ops, s):
                **speed_ratio(times['step_1'], times['step_2']))
     out['time_per_example_increase'] = 1 / out['ratio'] - 1
     med = {name: m['median_s'] / steps for name, m in t.items()}
+    # The cost model of the section: on a CPU the two shards run one after
+    # the other, so the 2-device step is two half-batch steps plus the
+    # allreduce and the split.
+    out['model_ratio'] = serial_shards_ratio(
+        med['step_1'], med['step_1_half_batch'], med['allreduce_2'],
+        med['split_2'])
     out['breakdown_s_per_step'] = dict(
         step_1=med['step_1'], step_2=med['step_2'],
         extra_2=med['step_2'] - med['step_1'],
@@ -158,17 +164,21 @@ def _concise_cases(ops, s, X, y):
         import torch
         from torch import nn
         for k in (1, 2):
-            model, devs = d2l.data_parallel_model(d2l.resnet18(10), k)
+            devs = d2l.try_gpus(k)
+            # As the concise section wraps it; without GPUs the wrapper
+            # just calls the model.
+            model = nn.DataParallel(d2l.resnet18(10).to(devs[0]),
+                                    device_ids=devs)
             optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
             loss = nn.CrossEntropyLoss()
             model.train()
-            cases[k] = (lambda m=model, o=optimizer, l=loss, d=devs[0]: [
+            cases[k] = (lambda m=model, o=optimizer, l=loss, d=devs: [
                 d2l.train_step_concise(m, X, y, l, o, d) for _ in range(steps)])
             devices[k] = [str(d) for d in devs]
     elif ops.name == 'mxnet':
         from mxnet import gluon, init
         for k in (1, 2):
-            devs = d2l.data_parallel_devices(k)
+            devs = d2l.try_gpus(k)
             net = d2l.resnet18(10)
             net.initialize(init.Xavier(), ctx=devs)
             trainer = gluon.Trainer(net.collect_params(), 'sgd',
@@ -187,7 +197,7 @@ def _paddle_concise(ops, s):
     d2l, out = ops.d2l, {}
     backend = 'nccl' if d2l.num_gpus() else 'gloo'
     for k in (1, 2):
-        places = d2l.data_parallel_places(k)
+        places = d2l.try_gpus(k)
         context = paddle.distributed.spawn(
             paddle_concise_steps, nprocs=len(places), backend=backend,
             args=(s['resnet_batch'], s['resnet_steps'], s['resnet_warmup'],
@@ -208,16 +218,14 @@ def concise_resnet18(ops, s):
     d2l = ops.d2l
     need(d2l, 'resnet18', 'train_step_concise')
     batch, steps = s['resnet_batch'], s['resnet_steps']
+    need(d2l, 'try_gpus')
     if ops.name == 'paddle':
-        need(d2l, 'data_parallel_places')
         runs = _paddle_concise(ops, s)
         times = {k: runs[k]['seconds'] for k in (1, 2)}
         devices = {k: runs[k]['devices'] for k in (1, 2)}
         note = ('one process per device (paddle.DataParallel); the two '
                 'configurations run one after the other, not interleaved')
     else:
-        need(d2l, 'data_parallel_model' if ops.name == 'pytorch'
-             else 'data_parallel_devices')
         X, y = ops.first_batch(batch)
         cases, devices = _concise_cases(ops, s, X, y)
         times = time_interleaved(cases, s['resnet_reps'], s['resnet_warmup'],
@@ -297,3 +305,51 @@ def dp_vs_ddp(ops, s):
                on_gpus=d2l.num_gpus() >= k,
                **speed_ratio(seconds['dp'], seconds['ddp']))
     return out
+
+
+def cost_model(ops, s):
+    """The cost-model section's prediction of seconds per micro-batch of DDP
+    (k processes; default buckets and accumulation over two micro-batches;
+    LeNet and ResNet-18) against the measured time, with alpha and beta
+    fitted to all_reduce timings and t_compute from one process alone."""
+    import os
+    if ops.name == 'mxnet':
+        raise Missing('MXNet has no multi-process data-parallel wrapper; the '
+                      'cost model is measured in PyTorch and PaddlePaddle')
+    d2l = ops.d2l
+    (time_all_reduce, fit_alpha_beta, time_compute, time_ddp_configs,
+     predict_step_time, gradient_bytes, cost_model_net) = need(
+        d2l, 'time_all_reduce', 'fit_alpha_beta', 'time_compute',
+        'time_ddp_configs', 'predict_step_time', 'gradient_bytes',
+        'cost_model_net')
+    models = s['cm_models'] if ops.name == 'pytorch' else s['cm_models_paddle']
+    sizes, reps, steps, batch = (s['cm_sizes'], s['cm_reps'], s['cm_steps'],
+                                 s['cm_batch'])
+    cores = os.cpu_count() or 1
+    # Each k fits its own constants: on a CPU, k processes share the cores,
+    # and the transfers slow down with the computation.
+    allreduce_s = {k: time_all_reduce(k, sizes, reps)
+                   for k in s['cm_ks'] if k > 1}
+    fits = {k: fit_alpha_beta(sizes, t, k) for k, t in allreduce_s.items()}
+    grad = {m: gradient_bytes(cost_model_net(m)) for m in models}
+    configs = [dict(model=m, accumulate=a) for m in models for a in (1, 2)]
+    rows = []
+    for k in s['cm_ks']:
+        threads = max(1, cores // k)  # what the DDP section gives a process
+        alpha, beta = fits.get(k, (0.0, 0.0))
+        compute = {m: time_compute(m, batch // k, threads, steps, reps=reps)
+                   for m in models}
+        measured = time_ddp_configs(k, configs, batch, steps, reps=reps)
+        for c, t in zip(configs, measured):
+            p = predict_step_time(compute[c['model']], grad[c['model']], k,
+                                  alpha, beta, cores, threads,
+                                  accumulate=c['accumulate'])
+            rows.append(dict(model=c['model'], k=k,
+                             accumulate=c['accumulate'], threads=threads,
+                             compute_s=compute[c['model']], predicted_s=p,
+                             measured_s=t, error=p / t - 1))
+    return dict(cores=cores, global_batch=batch, steps=steps, reps=reps,
+                sizes=sizes, allreduce_s=allreduce_s, alpha_beta=fits,
+                gradient_bytes=grad, rows=rows,
+                max_abs_error=max(abs(r['error']) for r in rows),
+                within_25_percent=sum(abs(r['error']) <= 0.25 for r in rows))

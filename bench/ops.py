@@ -17,18 +17,29 @@ class Ops:
         self.d2l = importlib.import_module(f'd2l.{MODULES[self.name]}')
 
     def devices(self, k):
-        """The k devices a section asks for: GPUs 0..k-1 where they exist,
-        otherwise the sections' CPU fallback (`d2l.try_gpu(i)`)."""
-        return [self.d2l.try_gpu(i) for i in range(k)]
+        """The devices the book's sections use for k copies of a model
+        (`d2l.try_gpus`): GPUs where they exist, else the CPU k times
+        (MXNet: cpu(0)..cpu(k-1))."""
+        return list(self.d2l.try_gpus(k))
 
     def first_batch(self, batch_size):
-        """One real Fashion-MNIST training minibatch, left on the host."""
-        train_iter, _ = self.d2l.load_data_fashion_mnist(batch_size)
-        X, y = next(iter(train_iter))
-        if X.shape[0] < batch_size:
-            raise ValueError(f'the training set holds only {X.shape[0]} '
-                             f'examples; ask for a global batch of at most that')
-        return X, y
+        """The first `batch_size` images and labels of Fashion-MNIST's real
+        training set, as framework arrays left on the host.
+
+        Read from the whole training file, not from the loader: quick mode's
+        loader serves only 100 images, and a benchmark's global batch must
+        not depend on the mode. The images are the loader's (same scaling,
+        same shape); only their order differs (file order, no shuffling)."""
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) \
+                or batch_size < 1:
+            raise ValueError(f'batch_size must be a positive int, got '
+                             f'{batch_size!r}')
+        images, labels = self.d2l.fashion_mnist_arrays('train', quick=False)
+        if batch_size > len(labels):
+            raise ValueError(f'the training set holds {len(labels)} examples; '
+                             f'ask for a global batch of at most that')
+        return (self.from_numpy(images[:batch_size]),
+                self.from_numpy(labels[:batch_size]))
 
 
 class TorchOps(Ops):
@@ -50,6 +61,9 @@ class TorchOps(Ops):
     def to_numpy(self, x):
         return x.detach().cpu().numpy()
 
+    def from_numpy(self, a):
+        return self.torch.from_numpy(a.copy())
+
     def threads(self):
         return self.torch.get_num_threads()
 
@@ -65,13 +79,19 @@ class MXNetOps(Ops):
     def sync(self):
         # MXNet runs asynchronously even on the CPU: without this the clock
         # would stop when work is queued, not when it is done.
-        self.mx.nd.waitall()
+        self.mx.npx.waitall()
 
     def filled(self, n, device, value=0.0):
-        return self.mx.nd.full((n,), float(value), ctx=device)
+        return self.mx.np.full((n,), float(value), ctx=device)
 
     def to_numpy(self, x):
         return x.asnumpy()
+
+    def from_numpy(self, a):
+        # As the loader gives them: mx.np arrays, labels as int32.
+        if a.dtype.kind == 'i':
+            a = a.astype('int32')
+        return self.mx.np.array(a, dtype=a.dtype)
 
     def threads(self):
         import os
@@ -96,6 +116,9 @@ class PaddleOps(Ops):
 
     def to_numpy(self, x):
         return x.numpy()
+
+    def from_numpy(self, a):
+        return self.paddle.to_tensor(a, place=self.paddle.CPUPlace())
 
     def threads(self):
         import os

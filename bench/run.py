@@ -7,7 +7,8 @@ usage: python bench/run.py [--full | --settings quick|full|tiny]
 Each framework is measured in its own process (the three frameworks are not
 imported together), one measurement after the other; inside a measurement
 the cases being compared run interleaved, so their ratio is meaningful on a
-noisy machine. Writes DIR/results.json and DIR/bench.svg (DIR defaults to
+noisy machine. Writes DIR/results.json, DIR/bench.svg and DIR/cost-model.svg
+(the cost model's predicted against measured step times; DIR defaults to
 _build/bench) and prints a table.
 """
 import argparse
@@ -27,7 +28,7 @@ if str(ROOT) not in sys.path:
 from bench import harness  # noqa: E402
 
 MEASUREMENTS = ('loader', 'allreduce', 'scratch_lenet', 'concise_resnet18',
-                'dp_vs_ddp')
+                'dp_vs_ddp', 'cost_model')
 
 
 def run_worker(framework, settings, measurements):
@@ -196,6 +197,7 @@ def main(argv=None):
     results['ratios'] = harness.headline_ratios(results)
     (out_dir / 'results.json').write_text(json.dumps(results, indent=1))
     harness.plot(results, out_dir / 'bench.svg')
+    wrote_cm = harness.plot_cost_model(results, out_dir / 'cost-model.svg')
     print(harness.format_table(results))
     for fw, res in results['frameworks'].items():
         for name, why in res.get('skipped', {}).items():
@@ -204,7 +206,8 @@ def main(argv=None):
           f'load average {results["conditions_before"]["load_average"][0]:.1f}'
           f' -> {results["conditions_after"]["load_average"][0]:.1f}, '
           f'{results["threads"]} thread(s) per process; wrote '
-          f'{out_dir / "results.json"} and {out_dir / "bench.svg"}')
+          f'{out_dir / "results.json"} and {out_dir / "bench.svg"}'
+          + (f' and {out_dir / "cost-model.svg"}' if wrote_cm else ''))
     for fw, res in results['frameworks'].items():
         for name, why in res.get('failed', {}).items():
             print(f'FAILED {fw} {name}: {why}')

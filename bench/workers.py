@@ -32,6 +32,9 @@ def paddle_concise_steps(batch_size, steps, warmup, reps, seed=0):
     X = paddle.to_tensor(images[rank * share:(rank + 1) * share])
     y = paddle.to_tensor(labels[rank * share:(rank + 1) * share])
     model.train()
+    # This process's own device, as the concise section's workers use it.
+    place = paddle.CUDAPlace(dist.ParallelEnv().device_id) \
+        if d2l.num_gpus() else paddle.CPUPlace()
 
     def wait():
         if d2l.num_gpus():
@@ -40,13 +43,13 @@ def paddle_concise_steps(batch_size, steps, warmup, reps, seed=0):
             dist.barrier()
 
     for _ in range(warmup):
-        d2l.train_step_concise(model, X, y, loss, optimizer)
+        d2l.train_step_concise(model, X, y, loss, optimizer, [place])
     seconds = []
     for _ in range(reps):
         wait()
         began = time.perf_counter()
         for _ in range(steps):
-            d2l.train_step_concise(model, X, y, loss, optimizer)
+            d2l.train_step_concise(model, X, y, loss, optimizer, [place])
         wait()
         seconds.append(time.perf_counter() - began)
     return dict(rank=rank, world=world, device=paddle.get_device(),

@@ -1241,3 +1241,110 @@ def zero_params(states, stage):
     if stage == 3:
         return onp.concatenate([s['params'].asnumpy() for s in states])
     return states[0]['params'].asnumpy()
+
+import math
+import numbers
+
+def _check_cost_args(num_bytes, k, alpha, beta):
+    """Reject sizes or times that are negative or not finite, and k below 1, naming the argument.
+
+    Defined in :numref:`sec_cost_model`"""
+    for name, value in (('num_bytes', num_bytes), ('alpha', alpha),
+                        ('beta', beta)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) \
+                or not math.isfinite(value) or value < 0:
+            raise ValueError(f'{name} must be a finite number >= 0, got '
+                             f'{value!r}')
+    if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 1:
+        raise ValueError(f'k (the number of processes) must be an int >= 1, '
+                         f'got {k!r}')
+
+def ring_allreduce_time(num_bytes, k, alpha, beta):
+    """Seconds the alpha-beta model gives a ring allreduce of `num_bytes` over `k` processes.
+
+    Defined in :numref:`sec_cost_model`"""
+    _check_cost_args(num_bytes, k, alpha, beta)
+    return 2 * (k - 1) * (alpha + beta * num_bytes / k)
+
+def naive_allreduce_time(num_bytes, k, alpha, beta):
+    """Seconds the alpha-beta model gives the naive allreduce (all through device 0) of `num_bytes`.
+
+    Defined in :numref:`sec_cost_model`"""
+    _check_cost_args(num_bytes, k, alpha, beta)
+    return 2 * (k - 1) * (alpha + beta * num_bytes)
+
+def fit_alpha_beta(num_bytes, seconds, k):
+    """Alpha (s per message) and beta (s per byte) of the ring model fitted to allreduce timings over `k` processes.
+
+    Defined in :numref:`sec_cost_model`"""
+    num_bytes, seconds = list(num_bytes), list(seconds)
+    if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 2:
+        raise ValueError(f'k must be an int >= 2 (one process sends nothing), '
+                         f'got {k!r}')
+    if len(num_bytes) != len(seconds):
+        raise ValueError(f'num_bytes and seconds must have the same length, '
+                         f'got {len(num_bytes)} and {len(seconds)}')
+    if len(set(num_bytes)) < 2:
+        raise ValueError('num_bytes needs at least two different sizes to fit '
+                         'a line')
+    for name, values in (('num_bytes', num_bytes), ('seconds', seconds)):
+        for v in values:
+            if isinstance(v, bool) or not isinstance(v, numbers.Real) \
+                    or not math.isfinite(v) or v <= 0:
+                raise ValueError(f'{name} must hold finite numbers > 0, got '
+                                 f'{v!r}')
+    w = [1 / t ** 2 for t in seconds]  # relative, not absolute, errors
+    s0 = sum(w)
+    s1 = sum(wi * n for wi, n in zip(w, num_bytes))
+    s2 = sum(wi * n * n for wi, n in zip(w, num_bytes))
+    st = sum(wi * t for wi, t in zip(w, seconds))
+    snt = sum(wi * n * t for wi, n, t in zip(w, num_bytes, seconds))
+    a = (s2 * st - s1 * snt) / (s0 * s2 - s1 * s1)
+    b = (s0 * snt - s1 * st) / (s0 * s2 - s1 * s1)
+    if a < 0:  # noise pushed the intercept below zero: no latency at all
+        a, b = 0.0, snt / s2
+    if not b > 0:
+        raise ValueError('the timings do not grow with the size, so no '
+                         'bandwidth can be fitted; measure larger sizes or '
+                         'more repetitions')
+    return a / (2 * (k - 1)), b * k / (2 * (k - 1))
+
+def ddp_buckets(num_bytes, bucket_cap_mb=25, first_bucket_mb=1):
+    """Sizes in bytes of the gradient buckets DDP makes of `num_bytes`, ignoring parameter boundaries.
+
+    Defined in :numref:`sec_cost_model`"""
+    _check_cost_args(num_bytes, 1, 0, 0)
+    for name, value in (('bucket_cap_mb', bucket_cap_mb),
+                        ('first_bucket_mb', first_bucket_mb)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) \
+                or not math.isfinite(value) or value <= 0:
+            raise ValueError(f'{name} must be a finite number > 0, got '
+                             f'{value!r}')
+    first = min(num_bytes, first_bucket_mb * 2 ** 20)
+    buckets, rest = ([first] if first else []), num_bytes - first
+    while rest > 0:
+        buckets.append(min(rest, bucket_cap_mb * 2 ** 20))
+        rest -= buckets[-1]
+    return buckets
+
+def predict_step_time(t_compute, num_bytes, k, alpha, beta, cores=None,
+                      threads=1, bucket_cap_mb=25, accumulate=1, overlap=0.0):
+    """Predicted seconds per micro-batch of a k-process DDP step: shared-core compute plus unhidden allreduces.
+
+    Defined in :numref:`sec_cost_model`"""
+    _check_cost_args(num_bytes, k, alpha, beta)
+    for name, value in (('t_compute', t_compute), ('cores', 1 if cores is None else cores),
+                        ('threads', threads), ('accumulate', accumulate)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) \
+                or not math.isfinite(value) or value <= 0:
+            raise ValueError(f'{name} must be a finite number > 0, got '
+                             f'{value!r}')
+    if isinstance(overlap, bool) or not isinstance(overlap, numbers.Real) \
+            or not 0 <= overlap <= 1:
+        raise ValueError(f'overlap is the hidden fraction of the allreduce '
+                         f'time, between 0 and 1; got {overlap!r}')
+    # Processes taking turns on the CPU's cores; None: a device per process.
+    share = 1.0 if cores is None else max(1.0, k * threads / cores)
+    comm = sum(ring_allreduce_time(b, k, alpha, beta)
+               for b in ddp_buckets(num_bytes, bucket_cap_mb))
+    return t_compute * share + (1 - overlap) * comm / accumulate

@@ -1920,3 +1920,306 @@ def _fsdp_vs_ddp(rank, world_size, init_method, num_steps, batch_size, lr):
             results[name] = (_model_state_bytes(net, optimizer),
                              _full_parameters(net))
         return results
+
+import math
+import numbers
+
+import contextlib
+import statistics
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+def _check_cost_args(num_bytes, k, alpha, beta):
+    """Reject sizes or times that are negative or not finite, and k below 1, naming the argument.
+
+    Defined in :numref:`sec_cost_model`"""
+    for name, value in (('num_bytes', num_bytes), ('alpha', alpha),
+                        ('beta', beta)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) \
+                or not math.isfinite(value) or value < 0:
+            raise ValueError(f'{name} must be a finite number >= 0, got '
+                             f'{value!r}')
+    if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 1:
+        raise ValueError(f'k (the number of processes) must be an int >= 1, '
+                         f'got {k!r}')
+
+def ring_allreduce_time(num_bytes, k, alpha, beta):
+    """Seconds the alpha-beta model gives a ring allreduce of `num_bytes` over `k` processes.
+
+    Defined in :numref:`sec_cost_model`"""
+    _check_cost_args(num_bytes, k, alpha, beta)
+    return 2 * (k - 1) * (alpha + beta * num_bytes / k)
+
+def naive_allreduce_time(num_bytes, k, alpha, beta):
+    """Seconds the alpha-beta model gives the naive allreduce (all through device 0) of `num_bytes`.
+
+    Defined in :numref:`sec_cost_model`"""
+    _check_cost_args(num_bytes, k, alpha, beta)
+    return 2 * (k - 1) * (alpha + beta * num_bytes)
+
+def fit_alpha_beta(num_bytes, seconds, k):
+    """Alpha (s per message) and beta (s per byte) of the ring model fitted to allreduce timings over `k` processes.
+
+    Defined in :numref:`sec_cost_model`"""
+    num_bytes, seconds = list(num_bytes), list(seconds)
+    if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 2:
+        raise ValueError(f'k must be an int >= 2 (one process sends nothing), '
+                         f'got {k!r}')
+    if len(num_bytes) != len(seconds):
+        raise ValueError(f'num_bytes and seconds must have the same length, '
+                         f'got {len(num_bytes)} and {len(seconds)}')
+    if len(set(num_bytes)) < 2:
+        raise ValueError('num_bytes needs at least two different sizes to fit '
+                         'a line')
+    for name, values in (('num_bytes', num_bytes), ('seconds', seconds)):
+        for v in values:
+            if isinstance(v, bool) or not isinstance(v, numbers.Real) \
+                    or not math.isfinite(v) or v <= 0:
+                raise ValueError(f'{name} must hold finite numbers > 0, got '
+                                 f'{v!r}')
+    w = [1 / t ** 2 for t in seconds]  # relative, not absolute, errors
+    s0 = sum(w)
+    s1 = sum(wi * n for wi, n in zip(w, num_bytes))
+    s2 = sum(wi * n * n for wi, n in zip(w, num_bytes))
+    st = sum(wi * t for wi, t in zip(w, seconds))
+    snt = sum(wi * n * t for wi, n, t in zip(w, num_bytes, seconds))
+    a = (s2 * st - s1 * snt) / (s0 * s2 - s1 * s1)
+    b = (s0 * snt - s1 * st) / (s0 * s2 - s1 * s1)
+    if a < 0:  # noise pushed the intercept below zero: no latency at all
+        a, b = 0.0, snt / s2
+    if not b > 0:
+        raise ValueError('the timings do not grow with the size, so no '
+                         'bandwidth can be fitted; measure larger sizes or '
+                         'more repetitions')
+    return a / (2 * (k - 1)), b * k / (2 * (k - 1))
+
+def _check_sizes(sizes, reps):
+    """Reject an empty or non-positive list of byte sizes, or reps below 1.
+
+    Defined in :numref:`sec_cost_model`"""
+    sizes = list(sizes)
+    if not sizes or any(isinstance(n, bool) or not isinstance(n, numbers.Integral)
+                        or n < 4 for n in sizes):
+        raise ValueError(f'sizes must be a non-empty list of ints >= 4 (bytes '
+                         f'of float32), got {sizes!r}')
+    if isinstance(reps, bool) or not isinstance(reps, int) or reps < 1:
+        raise ValueError(f'reps must be an int >= 1, got {reps!r}')
+    return sizes
+
+def _check_world_of_two(world_size):
+    """Reject a world size that is not an int >= 2: one process has nothing to allreduce.
+
+    Defined in :numref:`sec_cost_model`"""
+    if isinstance(world_size, bool) or not isinstance(world_size, int) \
+            or world_size < 2:
+        raise ValueError(f'world_size must be an int >= 2 (one process sends '
+                         f'nothing), got {world_size!r}')
+
+def time_all_reduce(world_size, sizes, reps=3):
+    """Median seconds of one all_reduce of each byte size in `sizes` over `world_size` processes.
+
+    Defined in :numref:`sec_cost_model`"""
+    sizes = _check_sizes(sizes, reps)
+    _check_world_of_two(world_size)
+    return spawn_ranks(_all_reduce_worker, world_size, local_init_method(),
+                       sizes, reps)[0]
+
+def _all_reduce_worker(rank, world_size, init_method, sizes, reps):
+    """One process of time_all_reduce: time each size in alternating rounds; return the slowest rank's medians.
+
+    Defined in :numref:`sec_cost_model`"""
+    with process_group(rank, world_size, init_method) as device:
+        bufs = [torch.zeros(n // 4, device=device) for n in sizes]
+        for x in bufs:
+            dist.all_reduce(x)  # untimed: the first call sets up buffers
+        seconds = torch.zeros(reps, len(bufs), dtype=torch.float64)
+        for r in range(reps):
+            order = range(len(bufs)) if r % 2 == 0 else range(len(bufs))[::-1]
+            for i in order:
+                dist.barrier()
+                began = time.perf_counter()
+                dist.all_reduce(bufs[i])
+                if device.type == 'cuda':
+                    torch.cuda.synchronize(device)
+                seconds[r, i] = time.perf_counter() - began
+        dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
+        return [statistics.median(col) for col in seconds.T.tolist()]
+
+def ddp_buckets(num_bytes, bucket_cap_mb=25, first_bucket_mb=1):
+    """Sizes in bytes of the gradient buckets DDP makes of `num_bytes`, ignoring parameter boundaries.
+
+    Defined in :numref:`sec_cost_model`"""
+    _check_cost_args(num_bytes, 1, 0, 0)
+    for name, value in (('bucket_cap_mb', bucket_cap_mb),
+                        ('first_bucket_mb', first_bucket_mb)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) \
+                or not math.isfinite(value) or value <= 0:
+            raise ValueError(f'{name} must be a finite number > 0, got '
+                             f'{value!r}')
+    first = min(num_bytes, first_bucket_mb * 2 ** 20)
+    buckets, rest = ([first] if first else []), num_bytes - first
+    while rest > 0:
+        buckets.append(min(rest, bucket_cap_mb * 2 ** 20))
+        rest -= buckets[-1]
+    return buckets
+
+def predict_step_time(t_compute, num_bytes, k, alpha, beta, cores=None,
+                      threads=1, bucket_cap_mb=25, accumulate=1, overlap=0.0):
+    """Predicted seconds per micro-batch of a k-process DDP step: shared-core compute plus unhidden allreduces.
+
+    Defined in :numref:`sec_cost_model`"""
+    _check_cost_args(num_bytes, k, alpha, beta)
+    for name, value in (('t_compute', t_compute), ('cores', 1 if cores is None else cores),
+                        ('threads', threads), ('accumulate', accumulate)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) \
+                or not math.isfinite(value) or value <= 0:
+            raise ValueError(f'{name} must be a finite number > 0, got '
+                             f'{value!r}')
+    if isinstance(overlap, bool) or not isinstance(overlap, numbers.Real) \
+            or not 0 <= overlap <= 1:
+        raise ValueError(f'overlap is the hidden fraction of the allreduce '
+                         f'time, between 0 and 1; got {overlap!r}')
+    # Processes taking turns on the CPU's cores; None: a device per process.
+    share = 1.0 if cores is None else max(1.0, k * threads / cores)
+    comm = sum(ring_allreduce_time(b, k, alpha, beta)
+               for b in ddp_buckets(num_bytes, bucket_cap_mb))
+    return t_compute * share + (1 - overlap) * comm / accumulate
+
+def cost_model_net(model):
+    """LeNet ('lenet') or the book's ResNet-18 ('resnet18') for Fashion-MNIST, as a module.
+
+    Defined in :numref:`sec_cost_model`"""
+    if model == 'lenet':
+        return nn.Sequential(
+            nn.Conv2d(1, 6, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+            nn.Linear(400, 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU(),
+            nn.Linear(84, 10))
+    if model == 'resnet18':
+        return resnet18(10)
+    raise ValueError(f"model must be 'lenet' or 'resnet18', got {model!r}")
+
+def gradient_bytes(net):
+    """Bytes of float32 gradients that one allreduce of `net`'s trainable parameters moves.
+
+    Defined in :numref:`sec_cost_model`"""
+    return sum(p.numel() * 4 for p in net.parameters() if p.requires_grad)
+
+def _sgd_steps(net, optimizer, X, y, num_steps, accumulate=1, bf16=False):
+    """Take `num_steps` SGD steps, each summing gradients of `accumulate` micro-batches (X, y).
+
+    Defined in :numref:`sec_cost_model`"""
+    device_type = X.device.type
+    for _ in range(num_steps):
+        optimizer.zero_grad()
+        for i in range(accumulate):
+            # DDP's no_sync skips the allreduce of all but the last micro-batch.
+            skip = net.no_sync() if i < accumulate - 1 and hasattr(
+                net, 'no_sync') else contextlib.nullcontext()
+            with skip:
+                with torch.autocast(device_type, dtype=torch.bfloat16,
+                                    enabled=bf16):
+                    loss = F.cross_entropy(net(X), y)
+                loss.backward()
+        optimizer.step()
+    if device_type == 'cuda':
+        torch.cuda.synchronize(X.device)
+
+def time_compute(model, batch_size, threads=None, num_steps=2, warmup=1,
+                 reps=3, bf16=False):
+    """Median seconds per plain SGD step of `model` on `batch_size` images in this process, with `threads` CPU threads.
+
+    Defined in :numref:`sec_cost_model`"""
+    cost_model_net(model)  # rejects an unknown name
+    _check_sizes([4], reps)
+    device = try_gpu()
+    saved_threads = torch.get_num_threads()
+    torch.set_num_threads(threads or saved_threads)
+    try:
+        torch.manual_seed(0)
+        net = cost_model_net(model).to(device)
+        optimizer = torch.optim.SGD(net.parameters(), lr=0.01)
+        X, y = timing_batch(batch_size)
+        X, y = X.to(device), y.to(device)
+        _sgd_steps(net, optimizer, X, y, warmup, bf16=bf16)
+        seconds = []
+        for _ in range(reps):
+            began = time.perf_counter()
+            _sgd_steps(net, optimizer, X, y, num_steps, bf16=bf16)
+            seconds.append((time.perf_counter() - began) / num_steps)
+        return statistics.median(seconds)
+    finally:
+        torch.set_num_threads(saved_threads)
+
+def _check_configs(configs):
+    """Fill in the defaults of each DDP configuration dict and reject unknown keys or values.
+
+    Defined in :numref:`sec_cost_model`"""
+    defaults = dict(model='resnet18', accumulate=1, bucket_cap_mb=25,
+                    bf16=False, compress=False)
+    out = []
+    for c in configs:
+        if not isinstance(c, dict) or set(c) - set(defaults):
+            raise ValueError(f'each config must be a dict with keys among '
+                             f'{sorted(defaults)}, got {c!r}')
+        c = dict(defaults, **c)
+        cost_model_net(c['model'])  # rejects an unknown model
+        if isinstance(c['accumulate'], bool) or not isinstance(
+                c['accumulate'], int) or c['accumulate'] < 1:
+            raise ValueError(f"accumulate must be an int >= 1, got "
+                             f"{c['accumulate']!r}")
+        ddp_buckets(1, c['bucket_cap_mb'])  # rejects a bucket size <= 0
+        out.append(c)
+    if not out:
+        raise ValueError('configs is empty; give at least one dict such as '
+                         "{'model': 'lenet'}")
+    return out
+
+def time_ddp_configs(world_size, configs, global_batch, num_steps=2,
+                     warmup=1, reps=3):
+    """Median seconds per micro-batch of DDP training for each config dict, `world_size` processes sharing `global_batch`.
+
+    Defined in :numref:`sec_cost_model`"""
+    configs = _check_configs(configs)
+    _check_sizes([4], reps)
+    local_batch_size(global_batch, world_size)  # fail here, not in a child
+    return spawn_ranks(_ddp_configs_worker, world_size, local_init_method(),
+                       configs, global_batch, num_steps, warmup, reps)[0]
+
+def _ddp_configs_worker(rank, world_size, init_method, configs, global_batch,
+                        num_steps, warmup, reps):
+    """One process of time_ddp_configs: time each configuration in alternating rounds; return the slowest rank's medians.
+
+    Defined in :numref:`sec_cost_model`"""
+    with process_group(rank, world_size, init_method) as device:
+        share = local_batch_size(global_batch, world_size)
+        X, y = timing_batch(global_batch)
+        X = X[rank * share:(rank + 1) * share].to(device)
+        y = y[rank * share:(rank + 1) * share].to(device)
+        runs = []
+        for c in configs:
+            torch.manual_seed(0)
+            net = DDP(cost_model_net(c['model']).to(device),
+                      bucket_cap_mb=c['bucket_cap_mb'])
+            if c['compress']:
+                # The bf16 hook needs NCCL; under Gloo its fp16 twin sends
+                # the same two bytes per gradient.
+                hook = default_hooks.bf16_compress_hook \
+                    if device.type == 'cuda' else default_hooks.fp16_compress_hook
+                net.register_comm_hook(None, hook)
+            optimizer = torch.optim.SGD(net.parameters(), lr=0.01)
+            runs.append((net, optimizer, c))
+        for net, optimizer, c in runs:
+            _sgd_steps(net, optimizer, X, y, warmup, c['accumulate'], c['bf16'])
+        seconds = torch.zeros(reps, len(runs), dtype=torch.float64)
+        for r in range(reps):
+            order = range(len(runs)) if r % 2 == 0 else range(len(runs))[::-1]
+            for i in order:
+                net, optimizer, c = runs[i]
+                dist.barrier()
+                began = time.perf_counter()
+                _sgd_steps(net, optimizer, X, y, num_steps, c['accumulate'],
+                           c['bf16'])
+                seconds[r, i] = (time.perf_counter() - began) / (
+                    num_steps * c['accumulate'])
+        dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
+        return [statistics.median(col) for col in seconds.T.tolist()]

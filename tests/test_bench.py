@@ -17,11 +17,13 @@ from bench.run import MEASUREMENTS, parse_args
 # has both a single-process DataParallel and DDP).
 EXPECTED = {
     'pytorch': ('scratch_2dev_over_1dev', 'concise_2dev_over_1dev',
-                'ring_over_naive_time', 'ddp_over_dp', 'loader_over_copy'),
+                'ring_over_naive_time', 'ddp_over_dp', 'loader_over_copy',
+                'cost_model_max_error'),
     'mxnet': ('scratch_2dev_over_1dev', 'concise_2dev_over_1dev',
               'ring_over_naive_time', 'loader_over_copy'),
     'paddle': ('scratch_2dev_over_1dev', 'concise_2dev_over_1dev',
-               'ring_over_naive_time', 'loader_over_copy'),
+               'ring_over_naive_time', 'loader_over_copy',
+               'cost_model_max_error'),
 }
 
 
@@ -110,6 +112,10 @@ def test_tiny_run_writes_json_with_every_ratio(framework, d2l, tmp_path):
             f'{results["frameworks"][framework].get("skipped")}')
         assert math.isfinite(ratios[name]) and ratios[name] > 0, name
     assert (tmp_path / 'bench.svg').read_text().lstrip().startswith('<?xml')
+    if 'cost_model_max_error' in EXPECTED[framework]:
+        assert (tmp_path / 'cost-model.svg').read_text().lstrip().startswith(
+            '<?xml')
+        assert 'predicted' in proc.stdout
     assert 'ratio' in proc.stdout and framework in proc.stdout
 
 
@@ -134,3 +140,68 @@ def test_a_bad_d2l_quick_value_is_named(monkeypatch):
     monkeypatch.setenv('D2L_QUICK', 'yes')
     with pytest.raises(ValueError, match="'yes'"):
         harness.default_settings_name()
+
+
+@pytest.mark.parametrize('settings', ['quick', 'full'])
+def test_step_benchmarks_get_their_global_batch_in_quick_mode(
+        settings, framework, d2l, quick):
+    """Quick mode's loader serves 100 images; the step benchmarks' batches are
+    larger, and must still be real training images in the loader's format."""
+    import numpy as np
+    from bench.ops import OPS
+    ops = OPS[framework]()
+    s = harness.settings_for(settings)
+    batch = max(s['lenet_batch'], s['resnet_batch'])
+    X, y = ops.first_batch(batch)
+    train_iter, _ = d2l.load_data_fashion_mnist(10)
+    X_loader, y_loader = next(iter(train_iter))
+    assert type(X) is type(X_loader) and type(y) is type(y_loader)
+    assert ops.to_numpy(X).dtype == ops.to_numpy(X_loader).dtype
+    assert ops.to_numpy(y).dtype == ops.to_numpy(y_loader).dtype
+    images, labels = d2l.fashion_mnist_arrays('train', quick=False)
+    np.testing.assert_array_equal(ops.to_numpy(X), images[:batch])
+    np.testing.assert_array_equal(ops.to_numpy(y), labels[:batch])
+
+
+@pytest.mark.parametrize('batch', [0, -3, 2.5, True, 60001])
+def test_an_impossible_global_batch_is_refused_naming_it(batch, framework,
+                                                        quick):
+    from bench.ops import OPS
+    with pytest.raises(ValueError, match='batch'):
+        OPS[framework]().first_batch(batch)
+
+
+def test_serial_shards_cost_the_same_as_one_step_without_fixed_costs():
+    # t(b) = c b: two half steps cost one full step, so only the allreduce
+    # and the split make the ratio fall below 1.
+    assert harness.serial_shards_ratio(0.2, 0.1, 0.0, 0.0) == pytest.approx(1)
+    assert harness.serial_shards_ratio(0.2, 0.1, 0.02, 0.0) == \
+        pytest.approx(0.2 / 0.22)
+
+
+def test_a_fixed_cost_per_step_is_paid_twice_by_serial_shards():
+    t0, c, batch = 0.005, 1e-4, 128   # MXNet-like: 5 ms fixed per step
+    ratio = harness.serial_shards_ratio(t0 + c * batch, t0 + c * batch / 2,
+                                        0.004, 0.0)
+    assert ratio == pytest.approx((t0 + c * batch) /
+                                  (2 * t0 + c * batch + 0.004))
+    assert ratio < 0.91
+
+
+@pytest.mark.parametrize('bad', [-1.0, float('nan'), '0.1', None])
+def test_serial_shards_ratio_rejects_times_that_are_not_seconds(bad):
+    with pytest.raises(ValueError, match='half_step_1'):
+        harness.serial_shards_ratio(0.1, bad, 0.0, 0.0)
+
+
+def test_cost_model_rows_are_printed_and_plotted(tmp_path):
+    row = dict(model='resnet18', k=2, accumulate=1, predicted_s=0.3,
+               measured_s=0.25, error=0.2)
+    results = dict(frameworks=dict(pytorch=dict(cost_model=dict(
+        alpha_beta={'2': [5e-5, 1e-9]}, rows=[row, dict(row, k=4,
+                                                         accumulate=2)]))))
+    table = harness.format_table(results)
+    assert 'predicted 0.3000 / measured 0.2500' in table and '+20%' in table
+    assert harness.plot_cost_model(results, tmp_path / 'cm.svg')
+    assert (tmp_path / 'cm.svg').read_text().lstrip().startswith('<?xml')
+    assert not harness.plot_cost_model(dict(frameworks={}), tmp_path / 'x.svg')
