@@ -1669,7 +1669,8 @@ def _checkpoint_demo(rank, world_size, init_method, path):
         sgd_on_shards(net, optimizer, rank, world_size, 3, 32, device)
         if rank == 0:  # the copies are equal, so one writer suffices
             paddle.save(net.state_dict(), path)
-        dist.barrier()  # nobody reads before rank 0 has finished writing
+        if world_size > 1:  # PaddlePaddle forms no group for one process
+            dist.barrier()  # nobody reads before rank 0 has finished writing
         fresh = _small_mlp(seed=100 + rank)
         before = flat_parameters(fresh)
         # NumPy arrays carry no device: each parameter keeps its own place.
@@ -1724,9 +1725,10 @@ def evaluate_accuracy_ddp(net, device, rank, world_size, batch_size=256):
     """Test accuracy of `net` over all ranks: each scores every world_size-th image, then the counts are summed.
 
     Defined in :numref:`sec_ddp`"""
+    # PaddlePaddle forms no group for one process, so we skip the collectives.
     for p in net.parameters():
-        if not p.trainable:  # batch-norm statistics: use rank 0's
-            dist.broadcast(p, src=0)
+        if not p.trainable and world_size > 1:  # batch-norm statistics
+            dist.broadcast(p, src=0)  # everybody uses rank 0's
     X, y = fashion_mnist_tensors('test')
     X, y = X[rank::world_size], y[rank::world_size]  # no image counted twice
     correct, n = 0.0, 0
@@ -1737,7 +1739,8 @@ def evaluate_accuracy_ddp(net, device, rank, world_size, batch_size=256):
                                 y[i:i + batch_size].to(device))
             n += y[i:i + batch_size].shape[0]
     counts = paddle.to_tensor([correct, float(n)], dtype='float64')
-    dist.all_reduce(counts)  # correct predictions and images of all ranks
+    if world_size > 1:
+        dist.all_reduce(counts)  # correct predictions and images of all ranks
     return float(counts[0] / counts[1])
 
 def _batch_norm_statistics_demo(rank, world_size, init_method, num_steps):
@@ -1792,7 +1795,8 @@ def train_ddp(rank, world_size, init_method, num_epochs, batch_size, lr,
                 loss_sum += float(loss) * y.shape[0]
                 n += y.shape[0]
             totals = paddle.to_tensor([loss_sum, float(n)], dtype='float64')
-            dist.all_reduce(totals)  # loss sums and counts of all ranks
+            if world_size > 1:  # PaddlePaddle forms no group for one process
+                dist.all_reduce(totals)  # loss sums and counts of all ranks
             # Reading the result waits for the device, so the clock stops after it.
             summary['train_loss'].append(float(totals[0] / totals[1]))
             summary['epoch_s'].append(timer.stop())

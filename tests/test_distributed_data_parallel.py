@@ -688,3 +688,22 @@ def test_notebook_multi_process_cells_pass_repeatedly_in_one_kernel(ddp,
         framework])
     repeats = int(os.environ.get('D2L_DDP_KERNEL_REPEATS', '3'))
     assert run_in_one_kernel(framework, repeats) == []
+
+
+@pytest.mark.slow
+def test_a_group_of_one_process_runs_the_same_workers(ddp, framework):
+    """A one-GPU machine gives a world size of 1 under the device rule."""
+    init = ('d2l.local_init_method()' if framework == 'pytorch'
+            else "'env://'")
+    result = run_scenario(framework, f"""
+        params = d2l.spawn_ranks(d2l.ddp_sgd_steps, 1, {init}, 2, 16, 0.1)[0]
+        with tempfile.TemporaryDirectory() as folder:
+            seen = d2l.spawn_ranks(d2l._checkpoint_demo, 1, {init},
+                                   os.path.join(folder, 'checkpoint'))[0]
+        report([params.tolist(), seen['after'].tolist(),
+                seen['trained'].tolist()])
+        """)
+    params, after, trained = (np.array(r) for r in result)
+    alone = ddp.sgd_steps_one_process(2, 16, 0.1)
+    assert np.abs(params - alone).max() < 1e-6
+    assert np.array_equal(after, trained)
