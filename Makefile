@@ -7,7 +7,7 @@ export PYTHONPATH := $(CURDIR)
 export PATH := $(BIN):$(PATH)
 D2LBOOK := $(BIN)/python scripts/d2lbook
 
-.PHONY: help setup lib eval html pdf book publish outputs-status test test-unit test-notebooks test-browser test-pdf test-rendered bench clean
+.PHONY: help setup lib eval html pdf book publish outputs-status test test-unit test-notebooks test-numpy2 test-browser test-pdf test-rendered bench clean
 
 help:  ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
@@ -38,7 +38,7 @@ publish: setup  ## Evaluate PAGES in TABS in full mode (D2L_QUICK=0) and store t
 outputs-status: setup  ## Say for each page and tab whether its stored outputs match its code
 	$(BIN)/python scripts/stored_outputs.py status
 
-test: setup test-unit test-notebooks test-rendered  ## Unit tests; every notebook in quick mode under nbval; the rendered HTML and PDF
+test: setup test-unit test-notebooks test-numpy2 test-rendered  ## Unit tests; every notebook in quick mode under nbval; NumPy 2; the rendered HTML and PDF
 
 test-unit: setup  ## The pytest suite under tests/ (except the browser and PDF checks)
 	$(BIN)/python -m pytest -q -m "not browser and not pdf" tests
@@ -53,6 +53,9 @@ test-pdf: setup  ## Check the built PDF: chapters, code, figures, equations, bib
 
 test-notebooks: setup  ## Evaluate every tab in quick mode in a scratch copy, then nbval (lax)
 	scripts/test-notebooks.sh
+
+test-numpy2: setup  ## PyTorch and Paddle unit tests and notebooks again with NumPy 2 (after test-notebooks)
+	scripts/test-numpy2.sh
 
 test-rendered: setup  ## Render that scratch copy to HTML and PDF; browser and PDF tests
 	scripts/test-rendered.sh

@@ -219,15 +219,11 @@ def test_both_flavours_share_one_api():
               'model_parallel_ddp_steps', 'local_batch_size',
               'evaluate_accuracy_ddp', 'train_ddp', 'describe_ddp_run',
               'launcher_ranks', 'ddp_script_path', 'fashion_mnist_tensors',
-              'shard_of_batch', 'flat_parameters')
+              'shard_of_batch', 'flat_parameters', 'spawn_ranks')
     for name in shared:
         torch_sig = inspect.signature(getattr(d2l_torch, name))
         paddle_sig = inspect.signature(getattr(d2l_paddle, name))
         assert torch_sig == paddle_sig, (name, torch_sig, paddle_sig)
-    # Paddle's spawn_ranks adds only the backend, which there the parent picks.
-    torch_params = list(inspect.signature(d2l_torch.spawn_ranks).parameters)
-    paddle_params = list(inspect.signature(d2l_paddle.spawn_ranks).parameters)
-    assert paddle_params == torch_params + ['backend']
 
 
 def test_demonstration_code_is_not_public(ddp):
