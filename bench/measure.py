@@ -353,3 +353,13 @@ def cost_model(ops, s):
                 gradient_bytes=grad, rows=rows,
                 max_abs_error=max(abs(r['error']) for r in rows),
                 within_25_percent=sum(abs(r['error']) <= 0.25 for r in rows))
+
+
+def memory(ops, s):
+    """Per-device bytes of DDP, ZeRO-1/2/3 and FSDP for ResNet-18 at k = 2 (bench/memory.py)."""
+    if ops.name != 'pytorch':
+        raise Missing(f'{ops.name}: FSDP and the memory comparison run in '
+                      f'PyTorch only')
+    from bench import memory as mem
+    rows = mem.per_device_memory(2)
+    return dict(rows=rows, line=mem.line(rows))

@@ -2151,13 +2151,15 @@ def time_all_reduce(world_size, sizes, reps=3):
     Defined in :numref:`sec_cost_model`"""
     sizes = _check_sizes(sizes, reps)
     _check_world_of_two(world_size)
-    return spawn_ranks(_all_reduce_worker, world_size, sizes, reps)[0]
+    # PaddlePaddle's spawn passes the rendezvous in the environment.
+    return spawn_ranks(_all_reduce_worker, world_size, 'env://', sizes,
+                       reps)[0]
 
-def _all_reduce_worker(sizes, reps):
+def _all_reduce_worker(rank, world_size, init_method, sizes, reps):
     """One process of time_all_reduce: time each size in alternating rounds; return the slowest rank's medians.
 
     Defined in :numref:`sec_cost_model`"""
-    with process_group() as (rank, world_size):
+    with process_group(rank, world_size, init_method):
         # A group of one has no global group to synchronise over.
         wait = dist.barrier if world_size > 1 else lambda: None
         bufs = [paddle.zeros([n // 4]) for n in sizes]
@@ -2327,14 +2329,15 @@ def time_ddp_configs(world_size, configs, global_batch, num_steps=2,
         # Paddle forms no group for one process: time it in this one.
         return _time_configs(configs, global_batch, num_steps, warmup, reps,
                              0, 1)
-    return spawn_ranks(_ddp_configs_worker, world_size, configs,
+    return spawn_ranks(_ddp_configs_worker, world_size, 'env://', configs,
                        global_batch, num_steps, warmup, reps)[0]
 
-def _ddp_configs_worker(configs, global_batch, num_steps, warmup, reps):
+def _ddp_configs_worker(rank, world_size, init_method, configs, global_batch,
+                        num_steps, warmup, reps):
     """One process of time_ddp_configs: join the group, then time the configurations.
 
     Defined in :numref:`sec_cost_model`"""
-    with process_group() as (rank, world_size):
+    with process_group(rank, world_size, init_method):
         return _time_configs(configs, global_batch, num_steps, warmup, reps,
                              rank, world_size)
 
