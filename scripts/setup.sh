@@ -5,7 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-python3}
-DEB_PACKAGES="pandoc dataset-fashion-mnist"
+# ccache: `import paddle` warns on every page when it finds no ccache on PATH.
+DEB_PACKAGES="pandoc dataset-fashion-mnist ccache"
 if [ "${WITH_PDF:-0}" = 1 ]; then
   # TeX for `d2lbook build pdf`; poppler-utils for tests/test_pdf.py.
   DEB_PACKAGES="$DEB_PACKAGES texlive-xetex texlive-latex-extra latexmk librsvg2-bin fonts-freefont-otf texlive-fonts-recommended tex-gyre xindy poppler-utils"
