@@ -1555,13 +1555,16 @@ def _collect_results(out_dir, world_size):
             results.append(pickle.load(f))
     return results
 
-def spawn_ranks(worker, world_size, *args):
+def spawn_ranks(worker, world_size, *args, backend=None):
     """Run worker(rank, world_size, *args) in `world_size` new processes; return their results by rank.
 
     Defined in :numref:`sec_ddp`"""
     _check_rank(0, world_size)
     _check_worker(worker, args)
-    backend = ddp_backend(ddp_device(0, world_size))
+    if backend is None:
+        backend = ddp_backend(ddp_device(0, world_size))
+    if backend not in ('gloo', 'nccl'):
+        raise ValueError(f"backend must be 'gloo', 'nccl' or None, got {backend!r}")
     with tempfile.TemporaryDirectory(prefix='d2l-ranks-') as out_dir, \
             _quiet_paddle_children(), _quiet_logger('root'):
         context = dist.spawn(_run_rank, args=(worker, args, out_dir,

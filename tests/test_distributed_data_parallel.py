@@ -219,11 +219,15 @@ def test_both_flavours_share_one_api():
               'model_parallel_ddp_steps', 'local_batch_size',
               'evaluate_accuracy_ddp', 'train_ddp', 'describe_ddp_run',
               'launcher_ranks', 'ddp_script_path', 'fashion_mnist_tensors',
-              'shard_of_batch', 'flat_parameters', 'spawn_ranks')
+              'shard_of_batch', 'flat_parameters')
     for name in shared:
         torch_sig = inspect.signature(getattr(d2l_torch, name))
         paddle_sig = inspect.signature(getattr(d2l_paddle, name))
         assert torch_sig == paddle_sig, (name, torch_sig, paddle_sig)
+    # Paddle's spawn_ranks adds only the backend, which there the parent picks.
+    torch_params = list(inspect.signature(d2l_torch.spawn_ranks).parameters)
+    paddle_params = list(inspect.signature(d2l_paddle.spawn_ranks).parameters)
+    assert paddle_params == torch_params + ['backend']
 
 
 def test_demonstration_code_is_not_public(ddp):
@@ -335,8 +339,9 @@ def test_late_rank_makes_the_other_wait_and_a_rank_that_left_makes_it_fail(
                                    {delay_s}, {timeout_s}))
             """, deadline_s=180)
         rank0 = ranks[0]
-        assert 'Connection closed by peer' in rank0['error'] or \
-            'Timed out' in rank0['error']
+        # Gloo words a peer that left as closed or reset, depending on timing.
+        assert any(words in rank0['error'] for words in (
+            'Connection closed by peer', 'Connection reset', 'Timed out'))
         assert rank0['rank 1 gone'] < timeout_s + 1  # bounded, not a hang
     else:
         result = run_scenario(framework, f"""

@@ -287,7 +287,9 @@ def collect(framework, data_iter):
 
 
 def test_loader_yields_float_images_and_integer_labels(framework, d2l, quick,
-                                                       capsys):
+                                                       capsys, monkeypatch):
+    # As in a fresh process: earlier tests have already heard the mode.
+    monkeypatch.setattr(d2l, '_SAID', set())
     train_iter, test_iter = d2l.load_data_fashion_mnist(batch_size=64)
     assert 'quick mode' in capsys.readouterr().out
     X, y = next(iter(train_iter))
