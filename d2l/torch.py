@@ -1378,6 +1378,10 @@ def _run_rank(rank, worker, world_size, args, out_dir, parent_pid):
         _record_rank_failure(rank)  # unless process_group already did
         raise
     _finish_rank(rank, out_dir, result)
+    if _ABANDONED:  # skip their destructors, which can deadlock
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 def ddp_sgd_steps(rank, world_size, init_method, num_steps, batch_size, lr):
     """DDP worker: `num_steps` of SGD on `_small_mlp`, `batch_size` examples per rank; returns the parameters.
@@ -1401,6 +1405,8 @@ def sgd_steps_one_process(num_steps, batch_size, lr):
                   torch.device('cpu'))
     return flat_parameters(net)
 
+_ABANDONED = []  # models of failed groups, never freed (see _run_rank)
+
 def _skew_demo(rank, world_size, init_method, delay_s, timeout_s):
     """Time DDP steps of every rank while rank 1 is late once and then leaves.
 
@@ -1422,6 +1428,9 @@ def _skew_demo(rank, world_size, init_method, delay_s, timeout_s):
         if rank == 1:
             time.sleep(delay_s)
         seen['rank 1 late'] = timed_step()
+        # Freeing a DDP model whose group failed can deadlock in Gloo's
+        # destructor, so this process keeps it until it exits.
+        _ABANDONED.append(net)
         if rank == 1:
             dist.destroy_process_group()  # leave now, without waiting for rank 0
             return seen
