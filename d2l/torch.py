@@ -1144,6 +1144,9 @@ def process_group(rank, world_size, init_method='env://', timeout_s=None,
         raise
     if dist.is_initialized():  # unless the body has left the group itself
         dist.barrier()  # leave together: see the text
+        # Gloo's thread frees the barrier's work after it completes and needs
+        # the GIL for that; freeing the group before then can deadlock.
+        time.sleep(0.1)
         dist.destroy_process_group()
 
 def fashion_mnist_tensors(split):
