@@ -572,20 +572,14 @@ def test_the_data_folder_does_not_depend_on_the_working_directory(
     assert out.stdout.count('quick mode') == 1
 
 
-class _SlowCountingMirror(http.server.BaseHTTPRequestHandler):
+class _SlowCountingMirror(_Mirror):
     """Counts requests and answers slowly, so concurrent readers overlap."""
     body, requests = b'', []
 
     def do_GET(self):
         self.requests.append(self.path)
         time.sleep(0.3)
-        self.send_response(200)
-        self.send_header('Content-Length', str(len(self.body)))
-        self.end_headers()
-        self.wfile.write(self.body)
-
-    def log_message(self, *args):
-        pass
+        super().do_GET()
 
 
 def serve(handler, monkeypatch):
