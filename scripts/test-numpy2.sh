@@ -11,12 +11,14 @@ venv=_build/venv-numpy2
 # PyPI's newer torch wheels are CUDA builds that pull about 3 GB of NVIDIA
 # libraries; 2.13.0 is the newest CPU build the index serves.
 want="torch==2.13.0 paddlepaddle==3.3.1 numpy==2.4.6 matplotlib pytest pytest-timeout hypothesis nbclient nbformat ipykernel"
-stamp=$venv/.stamp
+stamp=$venv/.stamp-editable
 if [ ! -x $venv/bin/python ] || [ "$(cat $stamp 2>/dev/null)" != "$want" ]; then
   echo "== creating $venv ($want)"
   rm -rf $venv
   python3 -m venv $venv
   $venv/bin/pip install -q $want
+  # As `make setup` does for .venv: `from d2l import torch` from any folder.
+  $venv/bin/pip install -q --no-deps -e .
   echo "$want" > $stamp
 fi
 $venv/bin/python -c 'import numpy, torch, paddle; print(f"== NumPy {numpy.__version__}, PyTorch {torch.__version__}, PaddlePaddle {paddle.__version__}")' 2>/dev/null

@@ -13,6 +13,8 @@ sys.path.insert(0, str(ROOT))
 FRAMEWORKS = tuple(os.environ.get('D2L_TEST_FRAMEWORKS', 'pytorch,mxnet,paddle')
                    .split(','))
 MODULES = {'pytorch': 'torch', 'mxnet': 'mxnet', 'paddle': 'paddle'}
+needs_mxnet = pytest.mark.skipif('mxnet' not in FRAMEWORKS,
+                                 reason='MXNet is not in D2L_TEST_FRAMEWORKS')
 
 
 @pytest.fixture(params=FRAMEWORKS)

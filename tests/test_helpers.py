@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import MODULES, ROOT
+from conftest import FRAMEWORKS, MODULES, ROOT
 
 
 # ---------------------------------------------------------------- devices
@@ -315,7 +315,7 @@ def test_quick_subset_is_class_balanced(framework, d2l, quick):
 def test_quick_subset_is_identical_across_runs_and_frameworks(quick):
     import importlib
     seen = []
-    for framework in ('pytorch', 'mxnet', 'paddle'):
+    for framework in FRAMEWORKS:
         d2l = importlib.import_module(f'd2l.{MODULES[framework]}')
         for _ in range(2):
             _, test_iter = d2l.load_data_fashion_mnist(batch_size=50)
@@ -832,7 +832,7 @@ def test_helpers_have_the_same_signature_in_every_framework():
     """A helper of this section has the same parameters in all three flavours."""
     import importlib
     import inspect
-    modules = [importlib.import_module(f'd2l.{m}') for m in MODULES.values()]
+    modules = [importlib.import_module(f'd2l.{MODULES[f]}') for f in FRAMEWORKS]
 
     def helpers(module):
         found = {}

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from conftest import cpu_devices, numpy, tensor
+from conftest import FRAMEWORKS, MODULES, cpu_devices, numpy, tensor
 
 REDUCERS = ('allreduce', 'ring_allreduce')
 # (examples, devices): even and uneven splits, and as many devices as examples.
@@ -488,8 +488,8 @@ def _parameters(function):
 @pytest.mark.parametrize('name', PUBLIC)
 def test_each_public_helper_has_one_signature_in_all_frameworks(name):
     import importlib
-    functions = [getattr(importlib.import_module(f'd2l.{m}'), name)
-                 for m in ('torch', 'mxnet', 'paddle')]
+    functions = [getattr(importlib.import_module(f'd2l.{MODULES[f]}'), name)
+                 for f in FRAMEWORKS]
     first = _parameters(functions[0])
     assert all(_parameters(f) == first for f in functions[1:])
     assert all(f.__doc__.strip() for f in functions)

@@ -9,7 +9,7 @@ import importlib
 import numpy as np
 import pytest
 
-from conftest import cpu_devices, numpy, tensor
+from conftest import FRAMEWORKS, MODULES, cpu_devices, needs_mxnet, numpy, tensor
 
 
 def built_resnet(framework, d2l, devices=None, **kwargs):
@@ -76,9 +76,8 @@ def test_resnet18_has_the_parameter_count_of_its_architecture(framework, d2l):
 
 def test_parameter_count_is_identical_across_frameworks():
     counts = {}
-    for framework, module in [('pytorch', 'torch'), ('mxnet', 'mxnet'),
-                              ('paddle', 'paddle')]:
-        d2l = importlib.import_module(f'd2l.{module}')
+    for framework in FRAMEWORKS:
+        d2l = importlib.import_module(f'd2l.{MODULES[framework]}')
         counts[framework] = d2l.count_trainable_params(
             built_resnet(framework, d2l))
     assert len(set(counts.values())) == 1, counts
@@ -114,6 +113,7 @@ def test_split_evaluation_equals_single_device_accuracy(framework, d2l,
 
 
 
+@needs_mxnet
 def test_mxnet_defaults_to_the_contexts_holding_the_parameters():
     import mxnet as mx
     from d2l import mxnet as d2l
@@ -127,6 +127,7 @@ def test_mxnet_defaults_to_the_contexts_holding_the_parameters():
         net[0].weight.data(mx.cpu(2))  # the pitfall the section shows
 
 
+@needs_mxnet
 def test_mxnet_helpers_work_in_numpy_mode():
     """Issue 10 item 8: after a reader's npx.set_np() the section's helpers run."""
     from mxnet import np as mnp, npx
@@ -214,8 +215,8 @@ def test_training_helpers_have_one_signature_in_every_framework():
     names = ['resnet18', 'count_trainable_params', 'evaluate_accuracy_gpus',
              'train_step_concise', 'train_epoch_concise']
     signatures = {}
-    for module in ('torch', 'mxnet', 'paddle'):
-        d2l = importlib.import_module(f'd2l.{module}')
+    for framework in FRAMEWORKS:
+        d2l = importlib.import_module(f'd2l.{MODULES[framework]}')
         for name in names:
             params = inspect.signature(getattr(d2l, name)).parameters
             signatures.setdefault(name, set()).add(tuple(
@@ -232,6 +233,7 @@ def test_validators_are_private(d2l):
         assert not hasattr(d2l, name), name
 
 
+@needs_mxnet
 def test_mxnet_two_context_step_equals_one_context_step():
     """The Trainer's sum over contexts gives the update of one big minibatch."""
     import mxnet as mx
