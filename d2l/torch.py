@@ -1140,7 +1140,8 @@ def process_group(rank, world_size, init_method='env://', timeout_s=None,
         yield device
     except BaseException:
         _record_rank_failure(rank)  # before the others see only a lost peer
-        dist.destroy_process_group()
+        if _rank_report_dir is None:  # a rank of spawn_ranks: see _run_rank
+            dist.destroy_process_group()
         raise
     if dist.is_initialized():  # unless the body has left the group itself
         dist.barrier()  # leave together: see the text
@@ -1379,7 +1380,11 @@ def _run_rank(rank, worker, world_size, args, out_dir, parent_pid):
         result = worker(rank, world_size, *args)
     except BaseException:
         _record_rank_failure(rank)  # unless process_group already did
-        raise
+        # The error is stored; tearing down a failed Gloo group can deadlock
+        # in its destructors, so leave without running them.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
     _finish_rank(rank, out_dir, result)
     if _ABANDONED:  # skip their destructors, which can deadlock
         sys.stdout.flush()
