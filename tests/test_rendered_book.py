@@ -5,8 +5,8 @@ The pages come from BOOK_HTML_DIR (default: _build/html, the output of
 `make html`); screenshots go to _build/screenshots/. The browser is Debian's
 `chromium` (WITH_BROWSER=1 scripts/setup.sh installs it), driven by Playwright;
 CHROMIUM names another binary. Pages are derived from the book's markdown
-sources, so a section added to chapter_multi_gpu/ is covered without editing
-this file.
+sources, so a section added to a chapter (chapter_multi_gpu/, the appendix in
+chapter_appendix/) is covered without editing this file.
 """
 import html as html_lib
 import importlib.util
@@ -26,7 +26,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 HTML_DIR = pathlib.Path(os.environ.get('BOOK_HTML_DIR', ROOT / '_build' / 'html')).resolve()
 SCREENSHOTS = ROOT / '_build' / 'screenshots'
 CHROMIUM = os.environ.get('CHROMIUM', '/usr/bin/chromium')
-CHAPTER = 'chapter_multi_gpu'
+# Chapters whose pages hold no code in three frameworks.
+NO_CODE_CHAPTERS = ('chapter_references',)
 FRAMEWORKS = ('pytorch', 'mxnet', 'paddle')
 # Schemes a page may use without touching the network or another file tree.
 LOCAL_SCHEMES = ('data', 'blob', 'about')
@@ -47,9 +48,10 @@ def book_pages():
 
 
 def section_pages():
-    """The chapter's section pages: every page that should carry code in three frameworks."""
+    """The chapters' section pages: every page that should carry code in three frameworks."""
     return [p for p in book_pages()
-            if p.startswith(CHAPTER + '/') and not p.endswith('/index.html')]
+            if p.split('/')[0].startswith('chapter_') and not p.endswith('/index.html')
+            and p.split('/')[0] not in NO_CODE_CHAPTERS]
 
 
 @pytest.fixture(scope='module')
