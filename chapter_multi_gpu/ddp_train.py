@@ -5,8 +5,8 @@ Start it with torchrun from the book's root folder, for example
     torchrun --standalone --nproc_per_node=2 chapter_multi_gpu/ddp_train.py --epochs 10
 
 torchrun sets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and
-MASTER_PORT in every process; see the section on distributed data parallel
-training for the multi-machine command line.
+MASTER_PORT in every process; see the section on processes and process
+groups for the multi-machine command line.
 """
 import argparse
 import pathlib

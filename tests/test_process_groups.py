@@ -1,0 +1,458 @@
+"""Tests of the claims of chapter_multi_gpu/process-groups.md (sec_process_groups).
+
+Every multi-process scenario runs in a fresh Python process that is the
+leader of its own process group, under a hard deadline: if a scenario hangs,
+the whole group (the scenario and every worker it spawned) is killed and the
+test fails, so no test can block the suite or leave processes behind.
+MXNet has no process groups; its tab only checks what MXNet ships.
+The harness here (`ddp`, `run_scenario`, ...) also serves
+tests/test_distributed_data_parallel.py.
+"""
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+RESULT = 'RESULT '  # prefix of the line on which a scenario reports
+
+
+@pytest.fixture
+def ddp(d2l, framework):
+    """The d2l module of a framework that has a multi-process wrapper."""
+    if framework == 'mxnet':
+        pytest.skip('MXNet has no multi-process data-parallel wrapper '
+                    '(the section describes KVStore and Horovod in prose)')
+    return d2l
+
+
+def scenario_env():
+    """Environment for scenario processes: the book's d2l, quick data, quiet C++ logs."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), D2L_QUICK='1',
+               GLOG_minloglevel='2')
+    return env
+
+
+def start(args, **kwargs):
+    """Start a command as the leader of a new process group."""
+    return subprocess.Popen(args, cwd=kwargs.pop('cwd', ROOT),
+                            env=kwargs.pop('env', scenario_env()),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True, **kwargs)
+
+
+def finish(proc, deadline_s):
+    """Wait for `proc` at most `deadline_s`; kill its whole process group in any case."""
+    try:
+        out, err = proc.communicate(timeout=deadline_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f'scenario still running after {deadline_s} s and was '
+                    f'killed; its stderr ended with:\n{err[-3000:]}')
+    finally:
+        try:  # workers that outlived their parent go too
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return out, err
+
+
+def result_of(out, err, proc):
+    """The JSON a scenario printed after RESULT; fail with its stderr if there is none."""
+    lines = [l for l in out.splitlines() if l.startswith(RESULT)]
+    assert proc.returncode == 0 and lines, (
+        f'scenario failed with exit code {proc.returncode}:\n{err[-4000:]}')
+    return json.loads(lines[-1][len(RESULT):])
+
+
+def run_scenario(framework, body, deadline_s=240):
+    """Run `body` (Python using `d2l`, ending with report(value)) in its own process group."""
+    module = {'pytorch': 'torch', 'paddle': 'paddle'}[framework]
+    code = (f'import json, os, sys, tempfile, time\n'
+            f'import numpy as np\n'
+            f'from d2l import {module} as d2l\n'
+            f'def report(value):\n'
+            f'    print({RESULT!r} + json.dumps(value), flush=True)\n'
+            + textwrap.dedent(body))
+    proc = start([sys.executable, '-c', code])
+    out, err = finish(proc, deadline_s)
+    return result_of(out, err, proc)
+
+
+
+# ---- Fast checks of the helpers: no processes are started. ----
+
+
+def test_free_port_gives_a_bindable_port(ddp, framework):
+    if framework == 'paddle':
+        pytest.skip('paddle.distributed.spawn picks its own ports')
+    import socket
+    port = ddp.free_port()
+    assert 1024 <= port <= 65535
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', port))  # nothing holds it
+    assert ddp.local_init_method().startswith('tcp://127.0.0.1:')
+
+
+def test_backend_is_gloo_without_gpus_and_nccl_only_for_gpus(ddp, framework):
+    if framework == 'pytorch':
+        import torch
+        import torch.distributed as dist
+        assert ddp.ddp_backend(torch.device('cpu')) == 'gloo'
+        assert ddp.ddp_backend(torch.device('cuda', 0)) == (
+            'nccl' if dist.is_nccl_available() else 'gloo')
+        expected = 'cuda' if ddp.num_gpus() >= 2 else 'cpu'
+        assert ddp.ddp_device(1, 2).type == expected
+    else:
+        assert ddp.ddp_backend('cpu') == 'gloo'
+        assert ddp.ddp_backend('gpu:1') == 'nccl'
+        if ddp.num_gpus() < 2:
+            assert ddp.ddp_device(1, 2) == 'cpu'
+
+
+@pytest.mark.parametrize('env, gpus, cuda_build, expected', [
+    # paddle.distributed.launch on GPUs: FLAGS_selected_gpus, no backend variable
+    ({'FLAGS_selected_gpus': '3'}, 8, True, 'gpu:3'),
+    ({'FLAGS_selected_gpus': '1'}, 2, True, 'gpu:1'),
+    # no launcher variable: the local rank picks a GPU if every rank gets one
+    ({}, 2, True, 'gpu:1'),
+    ({}, 1, True, 'cpu'),
+    # the launcher on a CPU build, or spawn with backend='gloo'
+    ({'PADDLE_DISTRI_BACKEND': 'gloo'}, 2, True, 'cpu'),
+    ({'FLAGS_selected_gpus': '1'}, 0, False, 'cpu'),
+])
+def test_paddle_rank_uses_the_gpu_its_launcher_gave_it(framework, monkeypatch,
+                                                       env, gpus, cuda_build,
+                                                       expected):
+    if framework != 'paddle':
+        pytest.skip('the launcher variables are PaddlePaddle\'s')
+    import paddle
+    from d2l import paddle as d2l
+    for name in ('FLAGS_selected_gpus', 'PADDLE_DISTRI_BACKEND'):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(d2l, 'num_gpus', lambda: gpus)
+    monkeypatch.setattr(paddle.device, 'is_compiled_with_cuda',
+                        lambda: cuda_build)
+    device = d2l.ddp_device(1, 2)
+    assert device == expected
+    assert d2l.ddp_backend(device) == ('nccl' if expected != 'cpu' else 'gloo')
+
+
+def test_bad_ranks_and_missing_launcher_are_named(ddp, framework, monkeypatch):
+    with pytest.raises(ValueError, match='local_rank must lie in 0..1'):
+        ddp.ddp_device(2, 2)
+    with pytest.raises(ValueError, match='world_size must be at least 1'):
+        ddp.ddp_device(0, 0)
+    with pytest.raises(TypeError, match='local_rank must be an int'):
+        ddp.ddp_device('0', 2)
+    with pytest.raises(ValueError, match='rank must lie in 0..1'):
+        with ddp.process_group(2, 2):
+            pass
+    with pytest.raises(ValueError, match='timeout_s must be a positive'):
+        with ddp.process_group(0, 1, timeout_s=-1):
+            pass
+    with pytest.raises(ValueError, match='timeout_s'):
+        with ddp.process_group(0, 1, timeout_s='10'):
+            pass
+    names = {'pytorch': ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'LOCAL_WORLD_SIZE'),
+             'paddle': ('PADDLE_TRAINER_ID', 'PADDLE_TRAINERS_NUM')}[framework]
+    for name in names:
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(RuntimeError, match='start this script with'):
+        ddp.launcher_ranks()
+    if framework == 'paddle':
+        with pytest.raises(RuntimeError, match='paddle.distributed.spawn'):
+            with ddp.process_group(0, 1):
+                pass
+
+
+def test_spawn_ranks_rejects_bad_input_before_starting_anything(ddp):
+    with pytest.raises(ValueError, match='world_size must be at least 1'):
+        ddp.spawn_ranks(ddp._all_reduce_demo, 0)
+    with pytest.raises(TypeError, match='world_size must be an int'):
+        ddp.spawn_ranks(ddp._all_reduce_demo, 2.0)
+    with pytest.raises(TypeError, match='worker must be a function'):
+        ddp.spawn_ranks('_all_reduce_demo', 2)
+    # A lambda cannot be found by name in a new process.
+    with pytest.raises(ValueError, match='worker cannot be sent'):
+        ddp.spawn_ranks(lambda rank, world_size: rank, 2)
+    with pytest.raises(ValueError, match='args cannot be sent'):
+        ddp.spawn_ranks(ddp._all_reduce_demo, 2, lambda: 0)
+    with pytest.raises(ValueError, match='framework must be'):
+        ddp.ddp_script_path('jax')
+
+
+def test_worker_defined_in_a_notebook_is_rejected_with_the_fix(ddp,
+                                                               monkeypatch):
+    import types
+    main = types.ModuleType('__main__')  # an interactive session has no file
+    monkeypatch.setitem(sys.modules, '__main__', main)
+
+    def worker(rank, world_size):
+        return rank
+    worker.__module__ = '__main__'
+    with pytest.raises(ValueError, match='save it in a module'):
+        ddp.spawn_ranks(worker, 2)
+
+
+def test_both_flavours_share_one_api():
+    import inspect
+    from d2l import paddle as d2l_paddle
+    from d2l import torch as d2l_torch
+    for name in ('ddp_device', 'ddp_backend', 'process_group', 'launcher_ranks',
+                 'ddp_script_path'):
+        torch_sig = inspect.signature(getattr(d2l_torch, name))
+        paddle_sig = inspect.signature(getattr(d2l_paddle, name))
+        assert torch_sig == paddle_sig, (name, torch_sig, paddle_sig)
+    # Paddle's spawn_ranks adds only the backend, which there the parent picks.
+    torch_params = list(inspect.signature(d2l_torch.spawn_ranks).parameters)
+    paddle_params = list(inspect.signature(d2l_paddle.spawn_ranks).parameters)
+    assert paddle_params == torch_params + ['backend']
+
+
+def test_demonstration_code_is_not_public(ddp):
+    for name in ('check_rank', 'check_timeout', 'check_worker',
+                 'all_reduce_demo', 'ABANDONED'):
+        assert not hasattr(ddp, name), name
+
+
+def test_launcher_scripts_exist_where_the_book_says(ddp, framework):
+    path = pathlib.Path(ddp.ddp_script_path())
+    assert path.parent == ROOT / 'chapter_multi_gpu'
+    assert path.name == ('ddp_train.py' if framework == 'pytorch'
+                         else 'ddp_train_paddle.py')
+    assert 'train_ddp' in path.read_text()
+
+
+def test_launcher_script_is_found_in_an_unzipped_notebook_folder(ddp,
+                                                                 framework,
+                                                                 tmp_path):
+    """Notebooks unzipped elsewhere, with d2l/ and each chapter's scripts beside them."""
+    import shutil
+    name = 'ddp_train.py' if framework == 'pytorch' else 'ddp_train_paddle.py'
+    shutil.copytree(ROOT / 'd2l', tmp_path / 'd2l')
+    (tmp_path / 'chapter_multi_gpu').mkdir()
+    shutil.copy(ROOT / 'chapter_multi_gpu' / name, tmp_path / 'chapter_multi_gpu')
+    module = {'pytorch': 'torch', 'paddle': 'paddle'}[framework]
+    code = f'from d2l import {module} as d2l; print(d2l.ddp_script_path())'
+    for cwd in (tmp_path, tmp_path / 'chapter_multi_gpu'):
+        found = subprocess.run(
+            [sys.executable, '-c', code], cwd=cwd, capture_output=True,
+            text=True, timeout=120,
+            env=dict(scenario_env(), PYTHONPATH=str(tmp_path)))
+        assert found.returncode == 0, found.stderr[-2000:]
+        assert found.stdout.strip() == str(tmp_path / 'chapter_multi_gpu' / name)
+
+
+# ---- Two real processes talking through Gloo on the CPU. ----
+
+
+@pytest.mark.slow
+def test_first_group_sums_over_two_separate_processes(ddp, framework):
+    init = ('d2l.local_init_method()' if framework == 'pytorch'
+            else "'env://'")
+    ranks = run_scenario(framework, f"""
+        ranks = d2l.spawn_ranks(d2l._all_reduce_demo, 2, {init})
+        report([ranks, os.getpid()])
+        """)
+    ranks, parent = ranks
+    assert [r['rank'] for r in ranks] == [0, 1]
+    assert [r['sum'] for r in ranks] == [3.0, 3.0]  # 1 + 2 on every rank
+    assert len({r['pid'] for r in ranks} | {parent}) == 3
+    assert {r['backend'] for r in ranks} <= {'gloo', 'nccl'}
+
+
+@pytest.mark.slow
+def test_two_groups_started_back_to_back_do_not_collide(ddp, framework):
+    if framework == 'pytorch':
+        body = """
+            init_method = d2l.local_init_method()
+            d2l.spawn_ranks(d2l.ddp_sgd_steps, 2, init_method, 1, 8, 0.1)
+            report(init_method)
+            """
+    else:
+        body = """
+            d2l.spawn_ranks(d2l.ddp_sgd_steps, 2, 'env://', 1, 8, 0.1,
+                            backend='gloo')
+            report('ok')
+            """
+    module = {'pytorch': 'torch', 'paddle': 'paddle'}[framework]
+    code = (f'import json\nfrom d2l import {module} as d2l\n'
+            f'def report(value):\n'
+            f'    print({RESULT!r} + json.dumps(value), flush=True)\n'
+            + textwrap.dedent(body))
+    # The second group starts while the first is still forming.
+    first = start([sys.executable, '-c', code])
+    second = start([sys.executable, '-c', code])
+    results = [result_of(*finish(p, 240), p) for p in (first, second)]
+    if framework == 'pytorch':
+        assert results[0] != results[1]  # two groups, two ports
+
+
+@pytest.mark.slow
+def test_script_trains_unchanged_under_the_framework_launcher(ddp, framework,
+                                                              tmp_path):
+    script = ddp.ddp_script_path()
+    if framework == 'pytorch':
+        args = [sys.executable, '-m', 'torch.distributed.run', '--standalone',
+                '--nproc_per_node=2', script]
+    else:
+        args = [sys.executable, '-m', 'paddle.distributed.launch',
+                '--nproc_per_node', '2', '--log_dir', str(tmp_path), script]
+    proc = start(args + ['--epochs', '1', '--batch-size', '512', '--lr', '0.2'],
+                 cwd=tmp_path)
+    out, err = finish(proc, 420)
+    logs = ''.join(p.read_text() for p in tmp_path.glob('workerlog.*'))
+    assert proc.returncode == 0, (err + logs)[-4000:]
+    text = out + logs
+    assert '2 processes, backend gloo' in text or \
+        '2 processes, backend nccl' in text
+    assert 'test accuracy' in text
+
+
+# ---- Faults: a failing rank, an interrupted parent (issue #11). ----
+
+
+WORKERS = '''
+import time
+
+
+def fail_on_rank_0(rank, world_size, init_method, framework):
+    """Rank 0 raises inside the group while rank 1 keeps exchanging gradients."""
+    if framework == 'pytorch':
+        import torch
+        from d2l import torch as d2l
+        dist = d2l.dist
+        ones = torch.ones
+    else:
+        import paddle
+        from d2l import paddle as d2l
+        dist = d2l.dist
+        ones = lambda n: paddle.ones([n])
+    with d2l.process_group(rank, world_size, init_method):
+        dist.barrier()
+        if rank == 0:
+            raise ValueError('rank 0 broke on purpose')
+        x = ones(1)
+        for _ in range(200):
+            dist.all_reduce(x)
+            time.sleep(0.01)
+    return 'finished'
+
+
+def sleep_and_write(rank, world_size, seconds, marker_dir):
+    """Leave a file with this process's id, then sleep."""
+    import os
+    with open(os.path.join(marker_dir, f'pid{rank}'), 'w') as f:
+        f.write(str(os.getpid()))
+    time.sleep(seconds)
+    return rank
+'''
+
+
+def workers_env(tmp_path):
+    """Scenario environment in which `import ddp_test_workers` finds WORKERS."""
+    (tmp_path / 'ddp_test_workers.py').write_text(WORKERS)
+    return dict(scenario_env(), PYTHONPATH=f'{ROOT}{os.pathsep}{tmp_path}')
+
+
+@pytest.mark.slow
+def test_the_failing_rank_s_own_error_reaches_the_parent(ddp, framework,
+                                                         tmp_path):
+    init = ('d2l.local_init_method()' if framework == 'pytorch'
+            else "'env://'")
+    module = {'pytorch': 'torch', 'paddle': 'paddle'}[framework]
+    code = textwrap.dedent(f'''
+        import json
+        import ddp_test_workers
+        from d2l import {module} as d2l
+        if __name__ == '__main__':
+            messages = []
+            for attempt in range(3):  # the echo used to win about half the time
+                try:
+                    d2l.spawn_ranks(ddp_test_workers.fail_on_rank_0, 2, {init},
+                                    {framework!r})
+                    messages.append('no error')
+                except RuntimeError as err:
+                    messages.append(str(err))
+            print({RESULT!r} + json.dumps(messages), flush=True)
+        ''')
+    proc = start([sys.executable, '-c', code], env=workers_env(tmp_path))
+    messages = result_of(*finish(proc, 300), proc)
+    for message in messages:
+        assert message.startswith('rank 0 of 2 failed'), message[:2000]
+        assert 'ValueError: rank 0 broke on purpose' in message
+
+
+def alive(pid):
+    """Whether process `pid` exists and is not a zombie."""
+    try:
+        with open(f'/proc/{pid}/stat') as f:
+            return f.read().split(') ')[-1][0] != 'Z'
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('signum', [signal.SIGINT, signal.SIGTERM],
+                         ids=['SIGINT', 'SIGTERM'])
+def test_interrupting_the_parent_stops_every_rank_and_removes_the_folder(
+        ddp, framework, tmp_path, signum):
+    module = {'pytorch': 'torch', 'paddle': 'paddle'}[framework]
+    markers = tmp_path / 'markers'
+    markers.mkdir()
+    scratch = tmp_path / 'tmp'  # spawn_ranks's temporary folder goes here
+    scratch.mkdir()
+    code = textwrap.dedent(f'''
+        import signal
+        import ddp_test_workers
+        from d2l import {module} as d2l
+        if __name__ == '__main__':
+            # As in a terminal or Jupyter, where SIGINT raises KeyboardInterrupt.
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            d2l.spawn_ranks(ddp_test_workers.sleep_and_write, 2, 300,
+                            {str(markers)!r})
+        ''')
+    env = dict(workers_env(tmp_path), TMPDIR=str(scratch))
+    proc = subprocess.Popen([sys.executable, '-c', code], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while len(list(markers.glob('pid*'))) < 2:  # both ranks are running
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, 'the ranks never started'
+            time.sleep(0.5)
+        pids = [int(p.read_text()) for p in markers.glob('pid*')]
+        assert list(scratch.iterdir()), 'spawn_ranks made no temporary folder'
+        proc.send_signal(signum)  # to the parent only, not to its group
+        try:
+            _, err = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            pytest.fail('the parent was still running 10 s after the signal')
+        assert proc.returncode != 0
+        time.sleep(1)
+        assert not [pid for pid in pids if alive(pid)], 'orphaned ranks'
+        assert not list(scratch.iterdir()), 'the results folder was left behind'
+        if signum == signal.SIGINT:
+            assert 'KeyboardInterrupt' in err
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        for p in markers.glob('pid*'):
+            try:
+                os.kill(int(p.read_text()), signal.SIGKILL)
+            except (ProcessLookupError, ValueError):
+                pass
