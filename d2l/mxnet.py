@@ -12,29 +12,16 @@ d2l = sys.modules[__name__]
 #    d2lbook build lib
 # Don't edit it directly
 
-import gzip
-import hashlib
-import http.client
 import itertools
 import os
 import sys
 import time
-import urllib.error
-import urllib.request
 import mxnet as mx
 import numpy as onp
 from mxnet import autograd, gluon, init, np, npx
 from mxnet.gluon import nn
 
 npx.set_np()
-
-def _check_gpu_index(i):
-    """Reject a GPU index that is not a non-negative integer, saying so.
-
-    Defined in :numref:`sec_helpers`"""
-    if isinstance(i, bool) or not isinstance(i, int) or i < 0:
-        raise ValueError(f'GPU index i must be a non-negative integer, got '
-                         f'{i!r}')
 
 def num_gpus():
     """Count the GPUs this process can see.
@@ -66,42 +53,11 @@ def try_gpus(num_devices):
         return [mx.cpu(i) for i in range(num_devices)]
     return [mx.gpu(i) for i in range(min(g, num_devices))]
 
-def _device_name(device):
-    """A short name for `device` and whether it is a GPU.
-
-    Defined in :numref:`sec_helpers`"""
-    if not isinstance(device, mx.Context):
-        raise TypeError(f'not an MXNet context: {device!r}')
-    return str(device), device.device_type == 'gpu'
-
-def _check_num_devices(num_devices, name='num_devices'):
-    """Reject a device count that is not a positive integer, saying so.
-
-    Defined in :numref:`sec_helpers`"""
-    if isinstance(num_devices, bool) or not isinstance(num_devices, int) \
-            or num_devices < 1:
-        raise ValueError(f'{name} must be a positive integer (the number of '
-                         f'model copies), got {num_devices!r}')
-
 def describe_devices(devices, num_asked=None):
     """One line saying which devices were chosen and why, for training logs.
 
     Defined in :numref:`sec_helpers`"""
-    if isinstance(devices, (str, bytes)) or not hasattr(devices, '__len__') \
-            or len(devices) == 0:
-        raise ValueError('devices must be a non-empty list of devices, such '
-                         f'as d2l.try_gpus(2), got {devices!r}')
-    if num_asked is not None:
-        _check_num_devices(num_asked, 'num_asked')
-    named = []
-    for i, device in enumerate(devices):
-        try:
-            named.append(_device_name(device))
-        except (AttributeError, TypeError, ValueError, RuntimeError):
-            raise TypeError(f'devices[{i}] is not a device of this framework '
-                            f'({device!r}); build the list with '
-                            f'd2l.try_gpus(k)') from None
-    names, gpu = zip(*named)
+    names, gpu = zip(*_device_names(devices, num_asked))
     k = len(devices)
     if not any(gpu):
         where = 'no GPU found' if num_gpus() == 0 else 'GPUs not used'
@@ -147,9 +103,7 @@ class Accumulator:
     """Keep running sums of `n` quantities."""
     def __init__(self, n):
         """Defined in :numref:`sec_helpers`"""
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f'n (the number of sums) must be a positive '
-                             f'integer, got {n!r}')
+        _check_positive_int(n, 'n (the number of sums)')
         self.data = [0.0] * n
 
     def add(self, *args):
@@ -166,55 +120,12 @@ class Accumulator:
     def __getitem__(self, idx):
         return self.data[idx]
 
-def _labels_and_predictions(y_hat, y, argmax):
-    """`y_hat` as N predicted labels and `y` as N labels, or a ValueError.
-
-    Defined in :numref:`sec_helpers`"""
-    for name, t in (('y_hat', y_hat), ('y', y)):
-        if not hasattr(t, 'shape') or not hasattr(t, 'reshape'):
-            raise TypeError(f'{name} must be a tensor of this framework, got '
-                            f'{type(t).__name__}')
-    y_hat_shape, y_shape = tuple(y_hat.shape), tuple(y.shape)
-    if len(y_hat_shape) == 2 and y_hat_shape[1] > 1:
-        y_hat = argmax(y_hat)
-    elif len(y_hat_shape) == 2 and y_hat_shape[1] == 1:
-        y_hat = y_hat.reshape((-1,))
-    if len(y_shape) == 2 and y_shape[1] == 1:
-        y = y.reshape((-1,))
-    if len(y_hat.shape) != 1 or len(y.shape) != 1 or \
-            y_hat.shape[0] != y.shape[0]:
-        raise ValueError(
-            f'accuracy needs y_hat of shape (N, num_classes) or (N,) and y of '
-            f'shape (N,) for the same N, got y_hat {y_hat_shape} and y '
-            f'{y_shape}')
-    return y_hat, y
-
 def accuracy(y_hat, y):
     """Count the predictions in `y_hat` (scores or labels) that equal `y`.
 
     Defined in :numref:`sec_helpers`"""
     y_hat, y = _labels_and_predictions(y_hat, y, lambda t: t.argmax(axis=1))
     return float((y_hat.astype(y.dtype) == y).sum().item())
-
-def _minibatches(data_iter):
-    """An iterator over `data_iter`, or a TypeError that names it.
-
-    Defined in :numref:`sec_helpers`"""
-    try:
-        return iter(data_iter)
-    except TypeError:
-        raise TypeError('data_iter must be an iterable of (X, y) minibatches, '
-                        f'got {type(data_iter).__name__}') from None
-
-def _fraction_correct(counts, data_iter):
-    """correct / examples of an Accumulator filled from `data_iter`, or a ValueError.
-
-    Defined in :numref:`sec_helpers`"""
-    if counts[1] == 0:
-        raise ValueError('data_iter yielded no examples: pass an iterator '
-                         'over at least one (X, y) minibatch, such as the '
-                         'test iterator of load_data_fashion_mnist')
-    return counts[0] / counts[1]
 
 def evaluate_accuracy_gpu(net, data_iter, device=None):
     """Fraction of examples in `data_iter` that `net` classifies correctly on one device.
@@ -230,51 +141,12 @@ def evaluate_accuracy_gpu(net, data_iter, device=None):
         counts.add(accuracy(net(X), y), y.size)
     return _fraction_correct(counts, data_iter)
 
-def _check_sgd(params, lr, batch_size):
-    """Reject arguments of `sgd` that would corrupt the parameters, saying why.
-
-    Defined in :numref:`sec_helpers`"""
-    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or \
-            not lr >= 0 or lr == float('inf'):
-        raise ValueError(f'lr must be a finite non-negative number, got '
-                         f'{lr!r}')
-    if isinstance(batch_size, bool) or not isinstance(
-            batch_size, (int, float)) or not batch_size > 0:
-        raise ValueError(f'batch_size must be a positive number (the '
-                         f'examples the loss was summed over), got '
-                         f'{batch_size!r}')
-    params = list(params)
-    for i, param in enumerate(params):
-        if getattr(param, 'grad', None) is None:
-            raise ValueError(
-                f'params[{i}] has no gradient: compute the loss from it and '
-                f'call backward() before sgd (in MXNet, attach_grad() first)')
-    return params
-
 def sgd(params, lr, batch_size):
     """Minibatch SGD on raw arrays, in place (MXNet overwrites gradients on each backward).
 
     Defined in :numref:`sec_helpers`"""
     for param in _check_sgd(params, lr, batch_size):
         param[:] = param - lr * param.grad / batch_size
-
-def use_svg_display():
-    """Make Jupyter render matplotlib figures as SVG.
-
-    Defined in :numref:`sec_helpers`"""
-    try:
-        from matplotlib_inline import backend_inline
-        backend_inline.set_matplotlib_formats('svg')
-    except ImportError:  # not running under IPython: nothing to configure
-        pass
-
-def in_notebook():
-    """Whether the code runs inside a Jupyter kernel that can show figures.
-
-    Defined in :numref:`sec_helpers`"""
-    shell = sys.modules.get('IPython')
-    shell = shell.get_ipython() if shell else None
-    return shell is not None and 'IPKernelApp' in shell.config
 
 class Animator:
     """Plot curves that grow one point at a time, updated in place in Jupyter."""
@@ -286,11 +158,8 @@ class Animator:
         # A Figure not registered with pyplot is shown only when we ask,
         # so Jupyter does not print it a second time at the end of the cell.
         from matplotlib.figure import Figure
-        for name, value in (('nrows', nrows), ('ncols', ncols)):
-            if isinstance(value, bool) or not isinstance(value, int) or \
-                    value < 1:
-                raise ValueError(
-                    f'{name} must be a positive integer, got {value!r}')
+        _check_positive_int(nrows, 'nrows')
+        _check_positive_int(ncols, 'ncols')
         use_svg_display()
         self.fig = Figure(figsize=figsize)
         self.axes = [self.fig.add_subplot(nrows, ncols, i + 1)
@@ -301,19 +170,34 @@ class Animator:
         self.X, self.Y = None, None
         self._shown = None  # the notebook display that add() updates
 
+    def draw(self):
+        """Redraw every curve on the first axes.
+    
+        Defined in :numref:`sec_helpers`"""
+        ax = self.axes[0]
+        ax.cla()
+        for xs, ys, fmt in zip(self.X or [], self.Y or [], self.fmts):
+            ax.plot(xs, ys, fmt)
+        ax.set(**{k: v for k, v in self.style.items() if v is not None})
+        if self.legend:
+            ax.legend(self.legend)
+        ax.grid(True)
+    
+
+    def savefig(self, path):
+        """Write the current figure to `path` (SVG, PNG or PDF by extension).
+    
+        Defined in :numref:`sec_helpers`"""
+        self.draw()
+        self.fig.savefig(path, bbox_inches='tight')
+
     def add(self, x, y):
-        """Append one point to each curve (`y` may be a list, one value per curve)."""
-        ys = list(y) if hasattr(y, '__len__') else [y]
-        xs = list(x) if hasattr(x, '__len__') else [x] * len(ys)
-        if len(xs) != len(ys):
-            raise ValueError(f'x has {len(xs)} values but y has {len(ys)}; '
-                             f'give one x, or one x per curve')
+        """Append one point to each curve (`y` may be a list, one value per curve).
+    
+        Defined in :numref:`sec_helpers`"""
+        xs, ys = _points(x, y, self.Y)
         if self.X is None:
-            self.X = [[] for _ in ys]
-            self.Y = [[] for _ in ys]
-        elif len(ys) != len(self.Y):
-            raise ValueError(f'this animator draws {len(self.Y)} curves, got '
-                             f'{len(ys)} values in y')
+            self.X, self.Y = [[] for _ in ys], [[] for _ in ys]
         for i, (a, b) in enumerate(zip(xs, ys)):
             if a is not None and b is not None:
                 self.X[i].append(a)
@@ -327,191 +211,6 @@ class Animator:
                 self._shown = display.display(self.fig, display_id=True)
             else:
                 self._shown.update(self.fig)
-
-    def draw(self):
-        """Redraw every curve on the first axes."""
-        ax = self.axes[0]
-        ax.cla()
-        for xs, ys, fmt in zip(self.X or [], self.Y or [], self.fmts):
-            ax.plot(xs, ys, fmt)
-        ax.set(**{k: v for k, v in self.style.items() if v is not None})
-        if self.legend:
-            ax.legend(self.legend)
-        ax.grid(True)
-
-    def savefig(self, path):
-        """Write the current figure to `path` (SVG, PNG or PDF by extension)."""
-        self.draw()
-        self.fig.savefig(path, bbox_inches='tight')
-
-FASHION_MNIST_SHA256 = {  # of the unpacked IDX bytes, so any gzip wrapping verifies
-    'train-images-idx3-ubyte':
-    'c59f468a2f672dc815687fe0f83887768d799fd8a3f3276145d20f83aa44d888',
-    'train-labels-idx1-ubyte':
-    'bad3541b69d912435c50bb6ba87bec294ff4f6a2e1246121d8633921760443d9',
-    't10k-images-idx3-ubyte':
-    '5b4141f0afbad91edebe8549f8fcffe087ea10ca49f1dbef5c9a5cd8815ce37b',
-    't10k-labels-idx1-ubyte':
-    '0402a96d92fd2663957122ceb108a494c5af83dab82d92729df917d7dec38c34'}
-
-FASHION_MNIST_MIRROR = 'http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/'
-
-FASHION_MNIST_SYSTEM_DIR = '/usr/share/datasets/fashion-mnist'
-
-class DatasetError(RuntimeError):
-    """A dataset file is missing, damaged or cannot be downloaded.
-
-    Defined in :numref:`sec_helpers`"""
-
-def fashion_mnist_dirs():
-    """Folders searched for Fashion-MNIST, in order, and the one downloads go to.
-
-    Defined in :numref:`sec_helpers`"""
-    env_dir = os.environ.get('D2L_DATA_DIR', '').strip()
-    env_dir = os.path.abspath(os.path.expanduser(env_dir)) if env_dir else ''
-    cache_root = os.environ.get('XDG_CACHE_HOME', '').strip() or \
-        os.path.join(os.path.expanduser('~'), '.cache')
-    cache_dir = os.path.join(os.path.abspath(cache_root), 'd2l',
-                             'fashion-mnist')
-    search = ([env_dir] if env_dir else []) + [cache_dir,
-                                               FASHION_MNIST_SYSTEM_DIR]
-    return search, env_dir or cache_dir
-
-_SAID = set()
-
-def _say_once(message):
-    """Print `message` the first time this process has it to say, on rank 0 only.
-
-    Defined in :numref:`sec_helpers`"""
-    # Launchers give every process of a job its rank; a report from each of
-    # eight processes would bury the one that matters.
-    rank = os.environ.get('RANK', os.environ.get('PADDLE_TRAINER_ID', '0'))
-    if message not in _SAID:
-        _SAID.add(message)
-        if rank.strip() in ('', '0'):
-            print(message)
-
-def _unpack_and_check(path, name, raw):
-    """Unpack `raw` bytes read from `path` and verify them against the known hash.
-
-    Defined in :numref:`sec_helpers`"""
-    expected = FASHION_MNIST_SHA256[name]
-    try:
-        data = gzip.decompress(raw) if path.endswith('.gz') else raw
-    except (OSError, EOFError) as err:  # bad gzip stream or cut-off file
-        raise DatasetError(
-            f'{path} is not a complete gzip file ({err}). Delete it and run '
-            f'again; its unpacked contents should have SHA-256 {expected}.'
-        ) from None
-    actual = hashlib.sha256(data).hexdigest()
-    if actual != expected:
-        raise DatasetError(
-            f'{path} is corrupt or truncated: its unpacked contents have '
-            f'SHA-256 {actual}, expected {expected}. Delete it and run again.')
-    return data
-
-def _find_idx_file(name, search):
-    """Path of the first copy of `name` (packed or not) in `search`, or None.
-
-    Defined in :numref:`sec_helpers`"""
-    for folder in search:
-        for path in (os.path.join(folder, name + '.gz'),
-                     os.path.join(folder, name)):
-            if os.path.isfile(path):
-                return path
-    return None
-
-class _FileLock:
-    """Hold an exclusive lock on `path`, so that one process at a time downloads."""
-    def __init__(self, path):
-        """Defined in :numref:`sec_helpers`"""
-        self.path = path
-
-    def __enter__(self):
-        self.file = open(self.path, 'a')
-        try:
-            import fcntl
-        except ImportError:  # Windows: no lock, but atomic renames keep files whole
-            return self
-        fcntl.flock(self.file, fcntl.LOCK_EX)
-        return self
-
-    def __exit__(self, *exc):
-        # Removing the file while holding it is safe: a process that wakes up
-        # on it looks for the data again before it downloads anything.
-        try:
-            os.remove(self.path)
-        except OSError:
-            pass
-        self.file.close()
-
-def _download_fashion_mnist(name, target_dir):
-    """Fetch `name`.gz from the mirror into `target_dir`, verified, written atomically.
-
-    Defined in :numref:`sec_helpers`"""
-    url = os.environ.get('D2L_FASHION_MNIST_MIRROR',
-                         FASHION_MNIST_MIRROR).rstrip('/') + f'/{name}.gz'
-    remedies = (
-        f'(1) set D2L_DATA_DIR to a folder holding the four Fashion-MNIST '
-        f'files; (2) install the Debian package: sudo apt-get install '
-        f'dataset-fashion-mnist; (3) connect to the internet so the files '
-        f'can be downloaded into {target_dir}.')
-    try:
-        with urllib.request.urlopen(url, timeout=30) as response:
-            raw = response.read()
-    except (http.client.IncompleteRead, ConnectionError) as err:
-        raise DatasetError(
-            f'The download of Fashion-MNIST file {name} from {url} was cut '
-            f'off ({type(err).__name__}: {err}); nothing was saved. Run '
-            f'again to retry. If it keeps failing: {remedies}') from None
-    except (urllib.error.URLError, http.client.HTTPException, OSError,
-            ValueError) as err:
-        reason = getattr(err, 'reason', err)
-        raise DatasetError(
-            f'Fashion-MNIST file {name} was not found in any of: '
-            f'{", ".join(fashion_mnist_dirs()[0])}; downloading it from {url} '
-            f'failed ({reason}). Fix it in one of three ways: {remedies}'
-        ) from None
-    _unpack_and_check(url, name, raw)
-    path = os.path.join(target_dir, f'{name}.gz')
-    tmp = f'{path}.part-{os.getpid()}'
-    try:
-        with open(tmp, 'wb') as f:
-            f.write(raw)
-        os.replace(tmp, path)  # readers never see a half-written file
-    finally:
-        if os.path.exists(tmp):  # the disk filled up or we were interrupted
-            os.remove(tmp)
-    return path
-
-def read_idx_file(name):
-    """Find, verify and parse one Fashion-MNIST IDX file into a NumPy array.
-
-    Defined in :numref:`sec_helpers`"""
-    if name not in FASHION_MNIST_SHA256:
-        raise ValueError(f'name must be one of {sorted(FASHION_MNIST_SHA256)}'
-                         f', got {name!r}')
-    search, target_dir = fashion_mnist_dirs()
-    path = _find_idx_file(name, search)
-    if path is None:
-        os.makedirs(target_dir, exist_ok=True)
-        with _FileLock(os.path.join(target_dir, f'{name}.gz.lock')):
-            # Another process may have downloaded it while we waited.
-            path = _find_idx_file(name, search) or \
-                _download_fashion_mnist(name, target_dir)
-    with open(path, 'rb') as f:
-        data = _unpack_and_check(path, name, f.read())
-    _say_once(f'Fashion-MNIST files from {os.path.dirname(path)}')
-    # NumPy proper in every framework's module (MXNet's np cannot view bytes).
-    import numpy
-
-    # IDX header: two zero bytes, a type code (8 = uint8), the number of
-    # dimensions, then one big-endian 32-bit size per dimension.
-    ndim = data[3]
-    shape = tuple(int.from_bytes(data[4 + 4 * i:8 + 4 * i], 'big')
-                  for i in range(ndim))
-    return numpy.frombuffer(data, 'uint8',
-                            offset=4 + 4 * ndim).reshape(shape)
 
 QUICK_PER_CLASS = {'train': 10, 'test': 10}
 
@@ -531,72 +230,9 @@ def train_epochs(num_epochs):
     """`num_epochs` in full mode; at most QUICK_MAX_EPOCHS in quick mode.
 
     Defined in :numref:`sec_helpers`"""
-    if isinstance(num_epochs, bool) or not isinstance(num_epochs, int) or \
-            num_epochs < 1:
-        raise ValueError(f'num_epochs must be a positive integer, got '
-                         f'{num_epochs!r}')
+    _check_positive_int(num_epochs, 'num_epochs')
     return num_epochs if not quick_mode(num_gpus()) else min(
         num_epochs, QUICK_MAX_EPOCHS)
-
-def balanced_subset(labels, per_class):
-    """Indices of the first `per_class` examples of each class, in file order.
-
-    Defined in :numref:`sec_helpers`"""
-    if isinstance(per_class, bool) or not isinstance(per_class, int) or \
-            per_class < 1:
-        raise ValueError(f'per_class must be a positive integer, got '
-                         f'{per_class!r}')
-    picks = [(labels == c).nonzero()[0][:per_class].tolist()
-             for c in sorted(set(labels.tolist()))]
-    return sorted(i for pick in picks for i in pick)
-
-_FASHION_MNIST_CACHE = {}
-
-def fashion_mnist_arrays(split, quick):
-    """Images (float32, N x 1 x 28 x 28, in [0, 1]) and labels (int64) of `split`.
-
-    Defined in :numref:`sec_helpers`"""
-    if split not in ('train', 'test'):
-        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-    if split not in _FASHION_MNIST_CACHE:
-        prefix = 'train' if split == 'train' else 't10k'
-        images = read_idx_file(f'{prefix}-images-idx3-ubyte')
-        labels = read_idx_file(f'{prefix}-labels-idx1-ubyte')
-        _FASHION_MNIST_CACHE[split] = images, labels
-    images, labels = _FASHION_MNIST_CACHE[split]
-    if quick:
-        keep = balanced_subset(labels, QUICK_PER_CLASS[split])
-        images, labels = images[keep], labels[keep]
-    images = images.reshape(-1, 1, 28, 28).astype('float32') / 255
-    return images, labels.astype('int64')
-
-def describe_mode(quick, n_train, n_test):
-    """One line saying which data the loader serves, and how to change it.
-
-    Defined in :numref:`sec_helpers`"""
-    if quick:
-        why = ('D2L_QUICK=1' if os.environ.get('D2L_QUICK', '').strip()
-               else 'no GPU found')
-        return (f'Fashion-MNIST, quick mode ({why}; set D2L_QUICK=0 for the '
-                f'full data): {n_train} training and {n_test} test images')
-    return (f'Fashion-MNIST, full mode: {n_train} training and {n_test} '
-            f'test images')
-
-def _check_loader_args(batch_size, resize):
-    """Reject a batch size or resize target that cannot work, saying why.
-
-    Defined in :numref:`sec_helpers`"""
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or \
-            batch_size < 1:
-        raise ValueError(
-            f'batch_size must be a positive integer, got {batch_size!r}')
-    if resize is None:
-        return None
-    size = (resize, resize) if isinstance(resize, int) else tuple(resize)
-    if len(size) != 2 or not all(isinstance(s, int) and s > 0 for s in size):
-        raise ValueError(f'resize must be a positive integer or a (height, '
-                         f'width) pair of them, got {resize!r}')
-    return size
 
 def load_data_fashion_mnist(batch_size, resize=None):
     """Fashion-MNIST as (train, test) DataLoaders of (images, labels) minibatches.
@@ -614,20 +250,6 @@ def load_data_fashion_mnist(batch_size, resize=None):
             batchify_fn=lambda batch: _batchify_resized(batch, size)))
     _say_once(describe_mode(quick, *sizes))
     return tuple(loaders)
-
-def _batchify_resized(batch, size):
-    """Stack (image, label) pairs into a minibatch, resizing images if asked.
-
-    Defined in :numref:`sec_helpers`"""
-    X = np.array(onp.stack([x for x, _ in batch]))
-    y = np.array(onp.array([t for _, t in batch]), dtype='int32')
-    if size is not None:
-        # npx.image.resize works on channels-last images and takes
-        # (width, height); interp=1 is bilinear.
-        X = npx.image.resize(X.transpose(0, 2, 3, 1),
-                             size=(size[1], size[0]), interp=1)
-        X = X.transpose(0, 3, 1, 2)
-    return X, y
 
 class Residual(nn.Block):
     """Two 3x3 conv + batch-norm layers with an identity or 1x1-conv shortcut.
@@ -1056,7 +678,6 @@ def train_epoch_concise(net, train_iter, loss, optimizer, devices):
     d2l._check_examples(n, 'train_iter')
     return float(total.item()), n
 
-import itertools
 import math
 
 def _check_per_device(data, name):
@@ -1072,31 +693,62 @@ def _check_per_device(data, name):
         raise ValueError(f'{name} must hold tensors of one shape, got '
                          f'{[tuple(x.shape) for x in data]}')
 
+def _flat(x):
+    """`x` as a 1-D array.
+
+    Defined in :numref:`sec_sharded_data_parallel`"""
+    return x.reshape(-1)
+
+def _copy(x, device):
+    """A new copy of `x` on `device`.
+
+    Defined in :numref:`sec_sharded_data_parallel`"""
+    return x.copyto(device)
+
+def _on(device):
+    """A context in which new arrays are made on `device`.
+
+    Defined in :numref:`sec_sharded_data_parallel`"""
+    return device
+
+def _device(x):
+    """The device that holds `x`.
+
+    Defined in :numref:`sec_sharded_data_parallel`"""
+    return x.ctx
+
+_concat, _zeros_like = np.concatenate, np.zeros_like
+
 def reduce_scatter(data):
-    """Sum same-shaped arrays on k devices; device i receives shard i of the flat sum.
+    """Sum same-shaped tensors on k devices; device i receives shard i of the flat sum.
 
     Defined in :numref:`sec_sharded_data_parallel`"""
     _check_per_device(data, 'data')
-    bounds = onp.cumsum([0] + shard_sizes(data[0].size, len(data))).tolist()
+    bounds = [0, *itertools.accumulate(
+        shard_sizes(math.prod(data[0].shape), len(data)))]
     shards = []
     for i, x in enumerate(data):
-        lo, hi = bounds[i], bounds[i + 1]
-        total = x.reshape(-1)[lo:hi].copy()
-        for j, other in enumerate(data):
-            if j != i and hi > lo:  # MXNet cannot add empty arrays
-                total += other.reshape(-1)[lo:hi].as_in_ctx(x.ctx)
+        lo, hi, device = bounds[i], bounds[i + 1], _device(x)
+        with _on(device):
+            total = _copy(_flat(x)[lo:hi], device)
+            for j, other in enumerate(data):
+                if j != i and hi > lo:  # MXNet cannot add empty arrays
+                    total += _copy(_flat(other)[lo:hi], device)  # shard i of j
         shards.append(total)
     return shards
 
 def all_gather(shards):
-    """Concatenate the flat shards of k devices into the full flat array on every device.
+    """Concatenate the flat shards of k devices into the full flat tensor on every device.
 
     Defined in :numref:`sec_sharded_data_parallel`"""
-    if len(shards) == 0 or any(s.ndim != 1 for s in shards):
+    if len(shards) == 0 or any(len(s.shape) != 1 for s in shards):
         raise ValueError('shards must be a non-empty list of 1-D tensors, '
                          'one per device (flatten them first)')
-    return [np.concatenate([s.as_in_ctx(x.ctx) for s in shards])
-            for x in shards]
+    gathered = []
+    for x in shards:
+        with _on(_device(x)):
+            gathered.append(_concat([_copy(s, _device(x)) for s in shards]))
+    return gathered
 
 def unflatten(flat, shapes):
     """Views of the flat tensor `flat` in the given `shapes`, in order.
@@ -1154,8 +806,7 @@ def _check_zero_states(states, devices, stage):
     own = shard_sizes(n, len(devices))[0]
     needed = (own if stage == 3 else n, own if stage >= 2 else n,
               own if stage >= 1 else n)
-    held = tuple(states[0][kind].shape[0]
-                 for kind in ('params', 'grads', 'momentum'))
+    held = tuple(x.shape[0] for x in states[0].values())  # in zero_init's order
     if held != needed:
         raise ValueError(f'states hold {held} parameters, gradients and '
                          f'momentum on device 0, but stage {stage} needs '
@@ -1167,15 +818,16 @@ def zero_init(params, devices, stage):
     Defined in :numref:`sec_sharded_data_parallel`"""
     check_stage(stage)
     _check_zero_args(params, devices)
-    flat = np.concatenate([p.reshape(-1) for p in params])
-    bounds = onp.cumsum([0] + shard_sizes(flat.size, len(devices))).tolist()
+    flat = _concat([_flat(p) for p in params])
+    bounds = [0, *itertools.accumulate(shard_sizes(flat.shape[0], len(devices)))]
     states = []
     for i, device in enumerate(devices):
-        mine = flat[bounds[i]:bounds[i + 1]].copyto(device)  # a fresh array
-        full = mine if stage == 3 else flat.copyto(device)
-        states.append({'params': full,
-                       'grads': np.zeros_like(mine if stage >= 2 else full),
-                       'momentum': np.zeros_like(mine if stage >= 1 else full)})
+        with _on(device):
+            mine = _copy(flat[bounds[i]:bounds[i + 1]], device)
+            full = mine if stage == 3 else _copy(flat, device)
+            states.append({'params': full,
+                           'grads': _zeros_like(mine if stage >= 2 else full),
+                           'momentum': _zeros_like(mine if stage >= 1 else full)})
     return states
 
 def zero_step(X, y, states, devices, stage, lr, momentum=0.9):
@@ -1205,21 +857,23 @@ def _zero_update(states, grads, owned, devices, stage, lr, momentum):
     """Momentum-SGD update of the parameters each device owns, in place.
 
     Defined in :numref:`sec_sharded_data_parallel`"""
-    for s, g, own in zip(states, grads, owned):
-        if stage == 1:  # the full-size buffer receives its shard
-            s['grads'][own] = g
-        else:
-            s['grads'][:] = g
-        g = s['grads'][own] if stage == 1 else s['grads']
-        s['momentum'][:] = momentum * s['momentum'] + g
-        if stage in (1, 2):  # slice assignment writes into the state
-            s['params'][own] = s['params'][own] - lr * s['momentum']
-        else:
-            s['params'][:] = s['params'] - lr * s['momentum']
+    for s, g, own, device in zip(states, grads, owned, devices):
+        with _on(device):
+            if stage == 1:  # the full-size buffer receives its shard
+                s['grads'][own] = g
+            else:
+                s['grads'][:] = g
+            g = s['grads'][own] if stage == 1 else s['grads']
+            s['momentum'][:] = momentum * s['momentum'] + g
+            if stage in (1, 2):  # slice assignment writes into the state
+                s['params'][own] = s['params'][own] - lr * s['momentum']
+            else:
+                s['params'][:] = s['params'] - lr * s['momentum']
     if stage in (1, 2):  # everybody needs everybody's new parameters
         new = all_gather([s['params'][own] for s, own in zip(states, owned)])
-        for s, w in zip(states, new):
-            s['params'][:] = w
+        for s, w, device in zip(states, new, devices):
+            with _on(device):
+                s['params'][:] = w
 
 def state_bytes(state):
     """Bytes that one device's ZeRO state holds, per kind of tensor.
@@ -1242,8 +896,28 @@ def zero_params(states, stage):
         return onp.concatenate([s['params'].asnumpy() for s in states])
     return states[0]['params'].asnumpy()
 
+import contextlib
 import math
 import numbers
+import statistics
+import time
+
+def _check_number(name, value, positive=False):
+    """Reject a value that is not a finite real number >= 0 (> 0 if `positive`), naming it.
+
+    Defined in :numref:`sec_cost_model`"""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) \
+            or not math.isfinite(value) or value < 0 or (positive and value == 0):
+        raise ValueError(f'{name} must be a finite number '
+                         f'{"> 0" if positive else ">= 0"}, got {value!r}')
+
+def _check_int(name, value, low, why=''):
+    """Reject a value that is not an int >= `low`, naming it.
+
+    Defined in :numref:`sec_cost_model`"""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) \
+            or value < low:
+        raise ValueError(f'{name} must be an int >= {low}{why}, got {value!r}')
 
 def _check_cost_args(num_bytes, k, alpha, beta):
     """Reject sizes or times that are negative or not finite, and k below 1, naming the argument.
@@ -1251,13 +925,49 @@ def _check_cost_args(num_bytes, k, alpha, beta):
     Defined in :numref:`sec_cost_model`"""
     for name, value in (('num_bytes', num_bytes), ('alpha', alpha),
                         ('beta', beta)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Real) \
-                or not math.isfinite(value) or value < 0:
-            raise ValueError(f'{name} must be a finite number >= 0, got '
-                             f'{value!r}')
-    if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 1:
-        raise ValueError(f'k (the number of processes) must be an int >= 1, '
-                         f'got {k!r}')
+        _check_number(name, value)
+    _check_int('k (the number of processes)', k, 1)
+
+def _check_world_of_two(world_size):
+    """Reject a world size that is not an int >= 2: one process has nothing to allreduce.
+
+    Defined in :numref:`sec_cost_model`"""
+    _check_int('world_size', world_size, 2, ' (one process sends nothing)')
+
+def _check_timings(num_bytes, seconds, k):
+    """Reject timings that fit_alpha_beta cannot fit a line to, saying why.
+
+    Defined in :numref:`sec_cost_model`"""
+    _check_int('k', k, 2, ' (one process sends nothing)')
+    if len(num_bytes) != len(seconds) or len(set(num_bytes)) < 2:
+        raise ValueError('num_bytes and seconds must have the same length, and '
+                         'num_bytes needs at least two different sizes to fit '
+                         f'a line; got {num_bytes!r} and {seconds!r}')
+    for name, values in (('num_bytes', num_bytes), ('seconds', seconds)):
+        for v in values:
+            _check_number(name, v, positive=True)
+
+def _check_step_args(t_compute, cores, threads, accumulate, overlap):
+    """Reject arguments of predict_step_time that are not positive, or an overlap outside [0, 1].
+
+    Defined in :numref:`sec_cost_model`"""
+    for name, value in (('t_compute', t_compute), ('threads', threads),
+                        ('cores', 1 if cores is None else cores),
+                        ('accumulate', accumulate)):
+        _check_number(name, value, positive=True)
+    _check_number('overlap (the hidden fraction of the allreduce)', overlap)
+    if overlap > 1:
+        raise ValueError(f'overlap must be at most 1, got {overlap!r}')
+
+def _check_sizes(sizes, reps):
+    """Reject an empty or non-positive list of byte sizes, or reps below 1.
+
+    Defined in :numref:`sec_cost_model`"""
+    sizes = list(sizes) or [None]
+    for n in sizes:
+        _check_int('sizes (a non-empty list of bytes of float32)', n, 4)
+    _check_int('reps', reps, 1)
+    return sizes
 
 def ring_allreduce_time(num_bytes, k, alpha, beta):
     """Seconds the alpha-beta model gives a ring allreduce of `num_bytes` over `k` processes.
@@ -1278,48 +988,50 @@ def fit_alpha_beta(num_bytes, seconds, k):
 
     Defined in :numref:`sec_cost_model`"""
     num_bytes, seconds = list(num_bytes), list(seconds)
-    if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 2:
-        raise ValueError(f'k must be an int >= 2 (one process sends nothing), '
-                         f'got {k!r}')
-    if len(num_bytes) != len(seconds):
-        raise ValueError(f'num_bytes and seconds must have the same length, '
-                         f'got {len(num_bytes)} and {len(seconds)}')
-    if len(set(num_bytes)) < 2:
-        raise ValueError('num_bytes needs at least two different sizes to fit '
-                         'a line')
-    for name, values in (('num_bytes', num_bytes), ('seconds', seconds)):
-        for v in values:
-            if isinstance(v, bool) or not isinstance(v, numbers.Real) \
-                    or not math.isfinite(v) or v <= 0:
-                raise ValueError(f'{name} must hold finite numbers > 0, got '
-                                 f'{v!r}')
+    _check_timings(num_bytes, seconds, k)
     w = [1 / t ** 2 for t in seconds]  # relative, not absolute, errors
-    s0 = sum(w)
-    s1 = sum(wi * n for wi, n in zip(w, num_bytes))
-    s2 = sum(wi * n * n for wi, n in zip(w, num_bytes))
-    st = sum(wi * t for wi, t in zip(w, seconds))
-    snt = sum(wi * n * t for wi, n, t in zip(w, num_bytes, seconds))
-    a = (s2 * st - s1 * snt) / (s0 * s2 - s1 * s1)
-    b = (s0 * snt - s1 * st) / (s0 * s2 - s1 * s1)
+    s0, s1, s2 = (sum(wi * n ** e for wi, n in zip(w, num_bytes))
+                  for e in (0, 1, 2))
+    st, snt = (sum(wi * n ** e * t for wi, n, t in zip(w, num_bytes, seconds))
+               for e in (0, 1))
+    det = s0 * s2 - s1 * s1
+    a, b = (s2 * st - s1 * snt) / det, (s0 * snt - s1 * st) / det
     if a < 0:  # noise pushed the intercept below zero: no latency at all
         a, b = 0.0, snt / s2
     if not b > 0:
         raise ValueError('the timings do not grow with the size, so no '
-                         'bandwidth can be fitted; measure larger sizes or '
-                         'more repetitions')
+                         'bandwidth can be fitted; measure more or larger')
     return a / (2 * (k - 1)), b * k / (2 * (k - 1))
+
+def _alternating_rounds(jobs, reps, wait=lambda: None, sync=lambda: None):
+    """Seconds of each no-argument function in `jobs` in each of `reps` rounds; rounds alternate the order.
+
+    Defined in :numref:`sec_cost_model`"""
+    seconds = [[0.0] * len(jobs) for _ in range(reps)]
+    for r in range(reps):
+        order = range(len(jobs)) if r % 2 == 0 else range(len(jobs))[::-1]
+        for i in order:
+            wait()  # all processes start each timing together
+            began = time.perf_counter()
+            jobs[i]()
+            sync()  # a GPU's work ends when it is done, not when it is queued
+            seconds[r][i] = time.perf_counter() - began
+    return seconds
+
+def _slowest_medians(per_process):
+    """Per job, the median over rounds of the slowest process's seconds, given each process's _alternating_rounds.
+
+    Defined in :numref:`sec_cost_model`"""
+    rounds = [[max(col) for col in zip(*rows)] for rows in zip(*per_process)]
+    return [statistics.median(col) for col in zip(*rounds)]
 
 def ddp_buckets(num_bytes, bucket_cap_mb=25, first_bucket_mb=1):
     """Sizes in bytes of the gradient buckets DDP makes of `num_bytes`, ignoring parameter boundaries.
 
     Defined in :numref:`sec_cost_model`"""
     _check_cost_args(num_bytes, 1, 0, 0)
-    for name, value in (('bucket_cap_mb', bucket_cap_mb),
-                        ('first_bucket_mb', first_bucket_mb)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Real) \
-                or not math.isfinite(value) or value <= 0:
-            raise ValueError(f'{name} must be a finite number > 0, got '
-                             f'{value!r}')
+    _check_number('bucket_cap_mb', bucket_cap_mb, positive=True)
+    _check_number('first_bucket_mb', first_bucket_mb, positive=True)
     first = min(num_bytes, first_bucket_mb * 2 ** 20)
     buckets, rest = ([first] if first else []), num_bytes - first
     while rest > 0:
@@ -1333,18 +1045,421 @@ def predict_step_time(t_compute, num_bytes, k, alpha, beta, cores=None,
 
     Defined in :numref:`sec_cost_model`"""
     _check_cost_args(num_bytes, k, alpha, beta)
-    for name, value in (('t_compute', t_compute), ('cores', 1 if cores is None else cores),
-                        ('threads', threads), ('accumulate', accumulate)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Real) \
-                or not math.isfinite(value) or value <= 0:
-            raise ValueError(f'{name} must be a finite number > 0, got '
-                             f'{value!r}')
-    if isinstance(overlap, bool) or not isinstance(overlap, numbers.Real) \
-            or not 0 <= overlap <= 1:
-        raise ValueError(f'overlap is the hidden fraction of the allreduce '
-                         f'time, between 0 and 1; got {overlap!r}')
+    _check_step_args(t_compute, cores, threads, accumulate, overlap)
     # Processes taking turns on the CPU's cores; None: a device per process.
     share = 1.0 if cores is None else max(1.0, k * threads / cores)
     comm = sum(ring_allreduce_time(b, k, alpha, beta)
                for b in ddp_buckets(num_bytes, bucket_cap_mb))
     return t_compute * share + (1 - overlap) * comm / accumulate
+
+import gzip
+import hashlib
+import http.client
+import os
+import sys
+import urllib.error
+import urllib.request
+import mxnet as mx
+import numpy as onp
+from mxnet import np, npx
+
+def _check_positive_int(value, name):
+    """Reject `value` unless it is a positive integer, naming it as `name`.
+
+    Defined in :numref:`sec_d2l_package`"""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f'{name} must be a positive integer, got {value!r}')
+
+def _check_gpu_index(i):
+    """Reject a GPU index that is not a non-negative integer, saying so.
+
+    Defined in :numref:`sec_d2l_package`"""
+    if isinstance(i, bool) or not isinstance(i, int) or i < 0:
+        raise ValueError(f'GPU index i must be a non-negative integer, got '
+                         f'{i!r}')
+
+def _check_num_devices(num_devices, name='num_devices'):
+    """Reject a device count that is not a positive integer, saying so.
+
+    Defined in :numref:`sec_d2l_package`"""
+    if isinstance(num_devices, bool) or not isinstance(num_devices, int) \
+            or num_devices < 1:
+        raise ValueError(f'{name} must be a positive integer (the number of '
+                         f'model copies), got {num_devices!r}')
+
+def _device_name(device):
+    """A short name for `device` and whether it is a GPU.
+
+    Defined in :numref:`sec_d2l_package`"""
+    if not isinstance(device, mx.Context):
+        raise TypeError(f'not an MXNet context: {device!r}')
+    return str(device), device.device_type == 'gpu'
+
+def _device_names(devices, num_asked):
+    """(name, is_gpu) for each of `devices`, or an error that says what is wrong.
+
+    Defined in :numref:`sec_d2l_package`"""
+    if isinstance(devices, (str, bytes)) or not hasattr(devices, '__len__') \
+            or len(devices) == 0:
+        raise ValueError('devices must be a non-empty list of devices, such '
+                         f'as d2l.try_gpus(2), got {devices!r}')
+    if num_asked is not None:
+        _check_num_devices(num_asked, 'num_asked')
+    named = []
+    for i, device in enumerate(devices):
+        try:
+            named.append(_device_name(device))
+        except (AttributeError, TypeError, ValueError, RuntimeError):
+            raise TypeError(f'devices[{i}] is not a device of this framework '
+                            f'({device!r}); build the list with '
+                            f'd2l.try_gpus(k)') from None
+    return named
+
+def _labels_and_predictions(y_hat, y, argmax):
+    """`y_hat` as N predicted labels and `y` as N labels, or a ValueError.
+
+    Defined in :numref:`sec_d2l_package`"""
+    for name, t in (('y_hat', y_hat), ('y', y)):
+        if not hasattr(t, 'shape') or not hasattr(t, 'reshape'):
+            raise TypeError(f'{name} must be a tensor of this framework, got '
+                            f'{type(t).__name__}')
+    y_hat_shape, y_shape = tuple(y_hat.shape), tuple(y.shape)
+    if len(y_hat_shape) == 2 and y_hat_shape[1] > 1:
+        y_hat = argmax(y_hat)
+    elif len(y_hat_shape) == 2 and y_hat_shape[1] == 1:
+        y_hat = y_hat.reshape((-1,))
+    if len(y_shape) == 2 and y_shape[1] == 1:
+        y = y.reshape((-1,))
+    if len(y_hat.shape) != 1 or len(y.shape) != 1 or \
+            y_hat.shape[0] != y.shape[0]:
+        raise ValueError(
+            f'accuracy needs y_hat of shape (N, num_classes) or (N,) and y of '
+            f'shape (N,) for the same N, got y_hat {y_hat_shape} and y '
+            f'{y_shape}')
+    return y_hat, y
+
+def _minibatches(data_iter):
+    """An iterator over `data_iter`, or a TypeError that names it.
+
+    Defined in :numref:`sec_d2l_package`"""
+    try:
+        return iter(data_iter)
+    except TypeError:
+        raise TypeError('data_iter must be an iterable of (X, y) minibatches, '
+                        f'got {type(data_iter).__name__}') from None
+
+def _fraction_correct(counts, data_iter):
+    """correct / examples of an Accumulator filled from `data_iter`, or a ValueError.
+
+    Defined in :numref:`sec_d2l_package`"""
+    if counts[1] == 0:
+        raise ValueError('data_iter yielded no examples: pass an iterator '
+                         'over at least one (X, y) minibatch, such as the '
+                         'test iterator of load_data_fashion_mnist')
+    return counts[0] / counts[1]
+
+def _check_sgd(params, lr, batch_size):
+    """Reject arguments of `sgd` that would corrupt the parameters, saying why.
+
+    Defined in :numref:`sec_d2l_package`"""
+    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or \
+            not lr >= 0 or lr == float('inf'):
+        raise ValueError(f'lr must be a finite non-negative number, got '
+                         f'{lr!r}')
+    if isinstance(batch_size, bool) or not isinstance(
+            batch_size, (int, float)) or not batch_size > 0:
+        raise ValueError(f'batch_size must be a positive number (the '
+                         f'examples the loss was summed over), got '
+                         f'{batch_size!r}')
+    params = list(params)
+    for i, param in enumerate(params):
+        if getattr(param, 'grad', None) is None:
+            raise ValueError(
+                f'params[{i}] has no gradient: compute the loss from it and '
+                f'call backward() before sgd (in MXNet, attach_grad() first)')
+    return params
+
+def _points(x, y, curves):
+    """The x and y values of one `Animator.add` call, one per curve.
+
+    Defined in :numref:`sec_d2l_package`"""
+    ys = list(y) if hasattr(y, '__len__') else [y]
+    xs = list(x) if hasattr(x, '__len__') else [x] * len(ys)
+    if len(xs) != len(ys):
+        raise ValueError(f'x has {len(xs)} values but y has {len(ys)}; '
+                         f'give one x, or one x per curve')
+    if curves is not None and len(ys) != len(curves):
+        raise ValueError(f'this animator draws {len(curves)} curves, got '
+                         f'{len(ys)} values in y')
+    return xs, ys
+
+def _check_loader_args(batch_size, resize):
+    """Reject a batch size or resize target that cannot work, saying why.
+
+    Defined in :numref:`sec_d2l_package`"""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or \
+            batch_size < 1:
+        raise ValueError(
+            f'batch_size must be a positive integer, got {batch_size!r}')
+    if resize is None:
+        return None
+    size = (resize, resize) if isinstance(resize, int) else tuple(resize)
+    if len(size) != 2 or not all(isinstance(s, int) and s > 0 for s in size):
+        raise ValueError(f'resize must be a positive integer or a (height, '
+                         f'width) pair of them, got {resize!r}')
+    return size
+
+def use_svg_display():
+    """Make Jupyter render matplotlib figures as SVG.
+
+    Defined in :numref:`sec_d2l_package`"""
+    try:
+        from matplotlib_inline import backend_inline
+        backend_inline.set_matplotlib_formats('svg')
+    except ImportError:  # not running under IPython: nothing to configure
+        pass
+
+def in_notebook():
+    """Whether the code runs inside a Jupyter kernel that can show figures.
+
+    Defined in :numref:`sec_d2l_package`"""
+    shell = sys.modules.get('IPython')
+    shell = shell.get_ipython() if shell else None
+    return shell is not None and 'IPKernelApp' in shell.config
+
+def add_to_class(Class):
+    """Decorator: attach the function below it to `Class` as a method.
+
+    Defined in :numref:`sec_d2l_package`"""
+    def attach(method):
+        setattr(Class, method.__name__, method)
+    return attach
+
+FASHION_MNIST_SHA256 = {  # of the unpacked IDX bytes, so any gzip wrapping verifies
+    'train-images-idx3-ubyte':
+    'c59f468a2f672dc815687fe0f83887768d799fd8a3f3276145d20f83aa44d888',
+    'train-labels-idx1-ubyte':
+    'bad3541b69d912435c50bb6ba87bec294ff4f6a2e1246121d8633921760443d9',
+    't10k-images-idx3-ubyte':
+    '5b4141f0afbad91edebe8549f8fcffe087ea10ca49f1dbef5c9a5cd8815ce37b',
+    't10k-labels-idx1-ubyte':
+    '0402a96d92fd2663957122ceb108a494c5af83dab82d92729df917d7dec38c34'}
+
+FASHION_MNIST_MIRROR = 'http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/'
+
+FASHION_MNIST_SYSTEM_DIR = '/usr/share/datasets/fashion-mnist'
+
+class DatasetError(RuntimeError):
+    """A dataset file is missing, damaged or cannot be downloaded.
+
+    Defined in :numref:`sec_d2l_package`"""
+
+def fashion_mnist_dirs():
+    """Folders searched for Fashion-MNIST, in order, and the one downloads go to.
+
+    Defined in :numref:`sec_d2l_package`"""
+    env_dir = os.environ.get('D2L_DATA_DIR', '').strip()
+    env_dir = os.path.abspath(os.path.expanduser(env_dir)) if env_dir else ''
+    cache_root = os.environ.get('XDG_CACHE_HOME', '').strip() or \
+        os.path.join(os.path.expanduser('~'), '.cache')
+    cache_dir = os.path.join(os.path.abspath(cache_root), 'd2l',
+                             'fashion-mnist')
+    search = ([env_dir] if env_dir else []) + [cache_dir,
+                                               FASHION_MNIST_SYSTEM_DIR]
+    return search, env_dir or cache_dir
+
+_SAID = set()
+
+def _say_once(message):
+    """Print `message` the first time this process has it to say, on rank 0 only.
+
+    Defined in :numref:`sec_d2l_package`"""
+    # Launchers give every process of a job its rank; a report from each of
+    # eight processes would bury the one that matters.
+    rank = os.environ.get('RANK', os.environ.get('PADDLE_TRAINER_ID', '0'))
+    if message not in _SAID:
+        _SAID.add(message)
+        if rank.strip() in ('', '0'):
+            print(message)
+
+def _unpack_and_check(path, name, raw):
+    """Unpack `raw` bytes read from `path` and verify them against the known hash.
+
+    Defined in :numref:`sec_d2l_package`"""
+    expected = FASHION_MNIST_SHA256[name]
+    try:
+        data = gzip.decompress(raw) if path.endswith('.gz') else raw
+    except (OSError, EOFError) as err:  # bad gzip stream or cut-off file
+        raise DatasetError(
+            f'{path} is not a complete gzip file ({err}). Delete it and run '
+            f'again; its unpacked contents should have SHA-256 {expected}.'
+        ) from None
+    actual = hashlib.sha256(data).hexdigest()
+    if actual != expected:
+        raise DatasetError(
+            f'{path} is corrupt or truncated: its unpacked contents have '
+            f'SHA-256 {actual}, expected {expected}. Delete it and run again.')
+    return data
+
+def _find_idx_file(name, search):
+    """Path of the first copy of `name` (packed or not) in `search`, or None.
+
+    Defined in :numref:`sec_d2l_package`"""
+    for folder in search:
+        for path in (os.path.join(folder, name + '.gz'),
+                     os.path.join(folder, name)):
+            if os.path.isfile(path):
+                return path
+    return None
+
+class _FileLock:
+    """Hold an exclusive lock on `path`, so that one process at a time downloads."""
+    def __init__(self, path):
+        """Defined in :numref:`sec_d2l_package`"""
+        self.path = path
+
+    def __enter__(self):
+        self.file = open(self.path, 'a')
+        try:
+            import fcntl
+        except ImportError:  # Windows: no lock, but atomic renames keep files whole
+            return self
+        fcntl.flock(self.file, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc):
+        # Removing the file while holding it is safe: a process that wakes up
+        # on it looks for the data again before it downloads anything.
+        try:
+            os.remove(self.path)
+        except OSError:
+            pass
+        self.file.close()
+
+def _write_atomically(path, raw):
+    """Write `raw` to `path` by renaming a finished temporary file.
+
+    Defined in :numref:`sec_d2l_package`"""
+    tmp = f'{path}.part-{os.getpid()}'
+    try:
+        with open(tmp, 'wb') as f:
+            f.write(raw)
+        os.replace(tmp, path)  # readers never see a half-written file
+    finally:
+        if os.path.exists(tmp):  # the disk filled up or we were interrupted
+            os.remove(tmp)
+    return path
+
+def _download_fashion_mnist(name, target_dir):
+    """Fetch `name`.gz from the mirror into `target_dir`, verified, written atomically.
+
+    Defined in :numref:`sec_d2l_package`"""
+    url = os.environ.get('D2L_FASHION_MNIST_MIRROR',
+                         FASHION_MNIST_MIRROR).rstrip('/') + f'/{name}.gz'
+    remedies = (
+        f'(1) set D2L_DATA_DIR to a folder holding the four Fashion-MNIST '
+        f'files; (2) install the Debian package: sudo apt-get install '
+        f'dataset-fashion-mnist; (3) connect to the internet so the files '
+        f'can be downloaded into {target_dir}.')
+    try:
+        with urllib.request.urlopen(url, timeout=30) as response:
+            raw = response.read()
+    except (http.client.IncompleteRead, ConnectionError) as err:
+        raise DatasetError(
+            f'The download of Fashion-MNIST file {name} from {url} was cut '
+            f'off ({type(err).__name__}: {err}); nothing was saved. Run '
+            f'again to retry. If it keeps failing: {remedies}') from None
+    except (urllib.error.URLError, http.client.HTTPException, OSError,
+            ValueError) as err:
+        reason = getattr(err, 'reason', err)
+        raise DatasetError(
+            f'Fashion-MNIST file {name} was not found in any of: '
+            f'{", ".join(fashion_mnist_dirs()[0])}; downloading it from {url} '
+            f'failed ({reason}). Fix it in one of three ways: {remedies}'
+        ) from None
+    _unpack_and_check(url, name, raw)
+    return _write_atomically(os.path.join(target_dir, f'{name}.gz'), raw)
+
+def read_idx_file(name):
+    """Find, verify and parse one Fashion-MNIST IDX file into a NumPy array.
+
+    Defined in :numref:`sec_d2l_package`"""
+    if name not in FASHION_MNIST_SHA256:
+        raise ValueError(f'name must be one of {sorted(FASHION_MNIST_SHA256)}'
+                         f', got {name!r}')
+    search, target_dir = fashion_mnist_dirs()
+    path = _find_idx_file(name, search)
+    if path is None:
+        os.makedirs(target_dir, exist_ok=True)
+        with _FileLock(os.path.join(target_dir, f'{name}.gz.lock')):
+            # Another process may have downloaded it while we waited.
+            path = _find_idx_file(name, search) or \
+                _download_fashion_mnist(name, target_dir)
+    with open(path, 'rb') as f:
+        data = _unpack_and_check(path, name, f.read())
+    _say_once(f'Fashion-MNIST files from {os.path.dirname(path)}')
+    # NumPy proper in every framework's module (MXNet's np cannot view bytes).
+    import numpy
+
+    # IDX header: two zero bytes, a type code (8 = uint8), the number of
+    # dimensions, then one big-endian 32-bit size per dimension.
+    ndim = data[3]
+    shape = tuple(int.from_bytes(data[4 + 4 * i:8 + 4 * i], 'big')
+                  for i in range(ndim))
+    return numpy.frombuffer(data, 'uint8',
+                            offset=4 + 4 * ndim).reshape(shape)
+
+def balanced_subset(labels, per_class):
+    """Indices of the first `per_class` examples of each class, in file order.
+
+    Defined in :numref:`sec_d2l_package`"""
+    _check_positive_int(per_class, 'per_class')
+    picks = [(labels == c).nonzero()[0][:per_class].tolist()
+             for c in sorted(set(labels.tolist()))]
+    return sorted(i for pick in picks for i in pick)
+
+_FASHION_MNIST_CACHE = {}
+
+def fashion_mnist_arrays(split, quick):
+    """Images (float32, N x 1 x 28 x 28, in [0, 1]) and labels (int64) of `split`.
+
+    Defined in :numref:`sec_d2l_package`"""
+    if split not in ('train', 'test'):
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+    if split not in _FASHION_MNIST_CACHE:
+        prefix = 'train' if split == 'train' else 't10k'
+        images = read_idx_file(f'{prefix}-images-idx3-ubyte')
+        labels = read_idx_file(f'{prefix}-labels-idx1-ubyte')
+        _FASHION_MNIST_CACHE[split] = images, labels
+    images, labels = _FASHION_MNIST_CACHE[split]
+    if quick:
+        keep = balanced_subset(labels, QUICK_PER_CLASS[split])
+        images, labels = images[keep], labels[keep]
+    images = images.reshape(-1, 1, 28, 28).astype('float32') / 255
+    return images, labels.astype('int64')
+
+def describe_mode(quick, n_train, n_test):
+    """One line saying which data the loader serves, and how to change it.
+
+    Defined in :numref:`sec_d2l_package`"""
+    if quick:
+        why = ('D2L_QUICK=1' if os.environ.get('D2L_QUICK', '').strip()
+               else 'no GPU found')
+        return (f'Fashion-MNIST, quick mode ({why}; set D2L_QUICK=0 for the '
+                f'full data): {n_train} training and {n_test} test images')
+    return (f'Fashion-MNIST, full mode: {n_train} training and {n_test} '
+            f'test images')
+
+def _batchify_resized(batch, size):
+    """Stack (image, label) pairs into a minibatch, resizing images if asked.
+
+    Defined in :numref:`sec_d2l_package`"""
+    X = np.array(onp.stack([x for x, _ in batch]))
+    y = np.array(onp.array([t for _, t in batch]), dtype='int32')
+    if size is not None:
+        # npx.image.resize works on channels-last images and takes
+        # (width, height); interp=1 is bilinear.
+        X = npx.image.resize(X.transpose(0, 2, 3, 1),
+                             size=(size[1], size[0]), interp=1)
+        X = X.transpose(0, 3, 1, 2)
+    return X, y

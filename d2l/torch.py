@@ -12,27 +12,14 @@ d2l = sys.modules[__name__]
 #    d2lbook build lib
 # Don't edit it directly
 
-import gzip
-import hashlib
-import http.client
 import itertools
 import os
 import sys
 import time
-import urllib.error
-import urllib.request
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-def _check_gpu_index(i):
-    """Reject a GPU index that is not a non-negative integer, saying so.
-
-    Defined in :numref:`sec_helpers`"""
-    if isinstance(i, bool) or not isinstance(i, int) or i < 0:
-        raise ValueError(f'GPU index i must be a non-negative integer, got '
-                         f'{i!r}')
 
 def num_gpus():
     """Count the GPUs this process can see.
@@ -66,40 +53,11 @@ def try_gpus(num_devices):
         return [torch.device('cpu')] * num_devices
     return [torch.device(f'cuda:{i}') for i in range(min(g, num_devices))]
 
-def _device_name(device):
-    """A short name for `device` and whether it is a GPU.
-
-    Defined in :numref:`sec_helpers`"""
-    return str(device), device.type == 'cuda'
-
-def _check_num_devices(num_devices, name='num_devices'):
-    """Reject a device count that is not a positive integer, saying so.
-
-    Defined in :numref:`sec_helpers`"""
-    if isinstance(num_devices, bool) or not isinstance(num_devices, int) \
-            or num_devices < 1:
-        raise ValueError(f'{name} must be a positive integer (the number of '
-                         f'model copies), got {num_devices!r}')
-
 def describe_devices(devices, num_asked=None):
     """One line saying which devices were chosen and why, for training logs.
 
     Defined in :numref:`sec_helpers`"""
-    if isinstance(devices, (str, bytes)) or not hasattr(devices, '__len__') \
-            or len(devices) == 0:
-        raise ValueError('devices must be a non-empty list of devices, such '
-                         f'as d2l.try_gpus(2), got {devices!r}')
-    if num_asked is not None:
-        _check_num_devices(num_asked, 'num_asked')
-    named = []
-    for i, device in enumerate(devices):
-        try:
-            named.append(_device_name(device))
-        except (AttributeError, TypeError, ValueError, RuntimeError):
-            raise TypeError(f'devices[{i}] is not a device of this framework '
-                            f'({device!r}); build the list with '
-                            f'd2l.try_gpus(k)') from None
-    names, gpu = zip(*named)
+    names, gpu = zip(*_device_names(devices, num_asked))
     k = len(devices)
     if not any(gpu):
         where = 'no GPU found' if num_gpus() == 0 else 'GPUs not used'
@@ -145,9 +103,7 @@ class Accumulator:
     """Keep running sums of `n` quantities."""
     def __init__(self, n):
         """Defined in :numref:`sec_helpers`"""
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f'n (the number of sums) must be a positive '
-                             f'integer, got {n!r}')
+        _check_positive_int(n, 'n (the number of sums)')
         self.data = [0.0] * n
 
     def add(self, *args):
@@ -164,55 +120,12 @@ class Accumulator:
     def __getitem__(self, idx):
         return self.data[idx]
 
-def _labels_and_predictions(y_hat, y, argmax):
-    """`y_hat` as N predicted labels and `y` as N labels, or a ValueError.
-
-    Defined in :numref:`sec_helpers`"""
-    for name, t in (('y_hat', y_hat), ('y', y)):
-        if not hasattr(t, 'shape') or not hasattr(t, 'reshape'):
-            raise TypeError(f'{name} must be a tensor of this framework, got '
-                            f'{type(t).__name__}')
-    y_hat_shape, y_shape = tuple(y_hat.shape), tuple(y.shape)
-    if len(y_hat_shape) == 2 and y_hat_shape[1] > 1:
-        y_hat = argmax(y_hat)
-    elif len(y_hat_shape) == 2 and y_hat_shape[1] == 1:
-        y_hat = y_hat.reshape((-1,))
-    if len(y_shape) == 2 and y_shape[1] == 1:
-        y = y.reshape((-1,))
-    if len(y_hat.shape) != 1 or len(y.shape) != 1 or \
-            y_hat.shape[0] != y.shape[0]:
-        raise ValueError(
-            f'accuracy needs y_hat of shape (N, num_classes) or (N,) and y of '
-            f'shape (N,) for the same N, got y_hat {y_hat_shape} and y '
-            f'{y_shape}')
-    return y_hat, y
-
 def accuracy(y_hat, y):
     """Count the predictions in `y_hat` (scores or labels) that equal `y`.
 
     Defined in :numref:`sec_helpers`"""
     y_hat, y = _labels_and_predictions(y_hat, y, lambda t: t.argmax(dim=1))
     return float((y_hat.type(y.dtype) == y).sum())
-
-def _minibatches(data_iter):
-    """An iterator over `data_iter`, or a TypeError that names it.
-
-    Defined in :numref:`sec_helpers`"""
-    try:
-        return iter(data_iter)
-    except TypeError:
-        raise TypeError('data_iter must be an iterable of (X, y) minibatches, '
-                        f'got {type(data_iter).__name__}') from None
-
-def _fraction_correct(counts, data_iter):
-    """correct / examples of an Accumulator filled from `data_iter`, or a ValueError.
-
-    Defined in :numref:`sec_helpers`"""
-    if counts[1] == 0:
-        raise ValueError('data_iter yielded no examples: pass an iterator '
-                         'over at least one (X, y) minibatch, such as the '
-                         'test iterator of load_data_fashion_mnist')
-    return counts[0] / counts[1]
 
 def evaluate_accuracy_gpu(net, data_iter, device=None):
     """Fraction of examples in `data_iter` that `net` classifies correctly on one device.
@@ -231,27 +144,6 @@ def evaluate_accuracy_gpu(net, data_iter, device=None):
             counts.add(accuracy(net(X), y), y.numel())
     return _fraction_correct(counts, data_iter)
 
-def _check_sgd(params, lr, batch_size):
-    """Reject arguments of `sgd` that would corrupt the parameters, saying why.
-
-    Defined in :numref:`sec_helpers`"""
-    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or \
-            not lr >= 0 or lr == float('inf'):
-        raise ValueError(f'lr must be a finite non-negative number, got '
-                         f'{lr!r}')
-    if isinstance(batch_size, bool) or not isinstance(
-            batch_size, (int, float)) or not batch_size > 0:
-        raise ValueError(f'batch_size must be a positive number (the '
-                         f'examples the loss was summed over), got '
-                         f'{batch_size!r}')
-    params = list(params)
-    for i, param in enumerate(params):
-        if getattr(param, 'grad', None) is None:
-            raise ValueError(
-                f'params[{i}] has no gradient: compute the loss from it and '
-                f'call backward() before sgd (in MXNet, attach_grad() first)')
-    return params
-
 def sgd(params, lr, batch_size):
     """Minibatch SGD on raw tensors, in place; clears the gradients afterwards.
 
@@ -260,24 +152,6 @@ def sgd(params, lr, batch_size):
         for param in _check_sgd(params, lr, batch_size):
             param -= lr * param.grad / batch_size
             param.grad.zero_()
-
-def use_svg_display():
-    """Make Jupyter render matplotlib figures as SVG.
-
-    Defined in :numref:`sec_helpers`"""
-    try:
-        from matplotlib_inline import backend_inline
-        backend_inline.set_matplotlib_formats('svg')
-    except ImportError:  # not running under IPython: nothing to configure
-        pass
-
-def in_notebook():
-    """Whether the code runs inside a Jupyter kernel that can show figures.
-
-    Defined in :numref:`sec_helpers`"""
-    shell = sys.modules.get('IPython')
-    shell = shell.get_ipython() if shell else None
-    return shell is not None and 'IPKernelApp' in shell.config
 
 class Animator:
     """Plot curves that grow one point at a time, updated in place in Jupyter."""
@@ -289,11 +163,8 @@ class Animator:
         # A Figure not registered with pyplot is shown only when we ask,
         # so Jupyter does not print it a second time at the end of the cell.
         from matplotlib.figure import Figure
-        for name, value in (('nrows', nrows), ('ncols', ncols)):
-            if isinstance(value, bool) or not isinstance(value, int) or \
-                    value < 1:
-                raise ValueError(
-                    f'{name} must be a positive integer, got {value!r}')
+        _check_positive_int(nrows, 'nrows')
+        _check_positive_int(ncols, 'ncols')
         use_svg_display()
         self.fig = Figure(figsize=figsize)
         self.axes = [self.fig.add_subplot(nrows, ncols, i + 1)
@@ -304,19 +175,34 @@ class Animator:
         self.X, self.Y = None, None
         self._shown = None  # the notebook display that add() updates
 
+    def draw(self):
+        """Redraw every curve on the first axes.
+    
+        Defined in :numref:`sec_helpers`"""
+        ax = self.axes[0]
+        ax.cla()
+        for xs, ys, fmt in zip(self.X or [], self.Y or [], self.fmts):
+            ax.plot(xs, ys, fmt)
+        ax.set(**{k: v for k, v in self.style.items() if v is not None})
+        if self.legend:
+            ax.legend(self.legend)
+        ax.grid(True)
+    
+
+    def savefig(self, path):
+        """Write the current figure to `path` (SVG, PNG or PDF by extension).
+    
+        Defined in :numref:`sec_helpers`"""
+        self.draw()
+        self.fig.savefig(path, bbox_inches='tight')
+
     def add(self, x, y):
-        """Append one point to each curve (`y` may be a list, one value per curve)."""
-        ys = list(y) if hasattr(y, '__len__') else [y]
-        xs = list(x) if hasattr(x, '__len__') else [x] * len(ys)
-        if len(xs) != len(ys):
-            raise ValueError(f'x has {len(xs)} values but y has {len(ys)}; '
-                             f'give one x, or one x per curve')
+        """Append one point to each curve (`y` may be a list, one value per curve).
+    
+        Defined in :numref:`sec_helpers`"""
+        xs, ys = _points(x, y, self.Y)
         if self.X is None:
-            self.X = [[] for _ in ys]
-            self.Y = [[] for _ in ys]
-        elif len(ys) != len(self.Y):
-            raise ValueError(f'this animator draws {len(self.Y)} curves, got '
-                             f'{len(ys)} values in y')
+            self.X, self.Y = [[] for _ in ys], [[] for _ in ys]
         for i, (a, b) in enumerate(zip(xs, ys)):
             if a is not None and b is not None:
                 self.X[i].append(a)
@@ -330,191 +216,6 @@ class Animator:
                 self._shown = display.display(self.fig, display_id=True)
             else:
                 self._shown.update(self.fig)
-
-    def draw(self):
-        """Redraw every curve on the first axes."""
-        ax = self.axes[0]
-        ax.cla()
-        for xs, ys, fmt in zip(self.X or [], self.Y or [], self.fmts):
-            ax.plot(xs, ys, fmt)
-        ax.set(**{k: v for k, v in self.style.items() if v is not None})
-        if self.legend:
-            ax.legend(self.legend)
-        ax.grid(True)
-
-    def savefig(self, path):
-        """Write the current figure to `path` (SVG, PNG or PDF by extension)."""
-        self.draw()
-        self.fig.savefig(path, bbox_inches='tight')
-
-FASHION_MNIST_SHA256 = {  # of the unpacked IDX bytes, so any gzip wrapping verifies
-    'train-images-idx3-ubyte':
-    'c59f468a2f672dc815687fe0f83887768d799fd8a3f3276145d20f83aa44d888',
-    'train-labels-idx1-ubyte':
-    'bad3541b69d912435c50bb6ba87bec294ff4f6a2e1246121d8633921760443d9',
-    't10k-images-idx3-ubyte':
-    '5b4141f0afbad91edebe8549f8fcffe087ea10ca49f1dbef5c9a5cd8815ce37b',
-    't10k-labels-idx1-ubyte':
-    '0402a96d92fd2663957122ceb108a494c5af83dab82d92729df917d7dec38c34'}
-
-FASHION_MNIST_MIRROR = 'http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/'
-
-FASHION_MNIST_SYSTEM_DIR = '/usr/share/datasets/fashion-mnist'
-
-class DatasetError(RuntimeError):
-    """A dataset file is missing, damaged or cannot be downloaded.
-
-    Defined in :numref:`sec_helpers`"""
-
-def fashion_mnist_dirs():
-    """Folders searched for Fashion-MNIST, in order, and the one downloads go to.
-
-    Defined in :numref:`sec_helpers`"""
-    env_dir = os.environ.get('D2L_DATA_DIR', '').strip()
-    env_dir = os.path.abspath(os.path.expanduser(env_dir)) if env_dir else ''
-    cache_root = os.environ.get('XDG_CACHE_HOME', '').strip() or \
-        os.path.join(os.path.expanduser('~'), '.cache')
-    cache_dir = os.path.join(os.path.abspath(cache_root), 'd2l',
-                             'fashion-mnist')
-    search = ([env_dir] if env_dir else []) + [cache_dir,
-                                               FASHION_MNIST_SYSTEM_DIR]
-    return search, env_dir or cache_dir
-
-_SAID = set()
-
-def _say_once(message):
-    """Print `message` the first time this process has it to say, on rank 0 only.
-
-    Defined in :numref:`sec_helpers`"""
-    # Launchers give every process of a job its rank; a report from each of
-    # eight processes would bury the one that matters.
-    rank = os.environ.get('RANK', os.environ.get('PADDLE_TRAINER_ID', '0'))
-    if message not in _SAID:
-        _SAID.add(message)
-        if rank.strip() in ('', '0'):
-            print(message)
-
-def _unpack_and_check(path, name, raw):
-    """Unpack `raw` bytes read from `path` and verify them against the known hash.
-
-    Defined in :numref:`sec_helpers`"""
-    expected = FASHION_MNIST_SHA256[name]
-    try:
-        data = gzip.decompress(raw) if path.endswith('.gz') else raw
-    except (OSError, EOFError) as err:  # bad gzip stream or cut-off file
-        raise DatasetError(
-            f'{path} is not a complete gzip file ({err}). Delete it and run '
-            f'again; its unpacked contents should have SHA-256 {expected}.'
-        ) from None
-    actual = hashlib.sha256(data).hexdigest()
-    if actual != expected:
-        raise DatasetError(
-            f'{path} is corrupt or truncated: its unpacked contents have '
-            f'SHA-256 {actual}, expected {expected}. Delete it and run again.')
-    return data
-
-def _find_idx_file(name, search):
-    """Path of the first copy of `name` (packed or not) in `search`, or None.
-
-    Defined in :numref:`sec_helpers`"""
-    for folder in search:
-        for path in (os.path.join(folder, name + '.gz'),
-                     os.path.join(folder, name)):
-            if os.path.isfile(path):
-                return path
-    return None
-
-class _FileLock:
-    """Hold an exclusive lock on `path`, so that one process at a time downloads."""
-    def __init__(self, path):
-        """Defined in :numref:`sec_helpers`"""
-        self.path = path
-
-    def __enter__(self):
-        self.file = open(self.path, 'a')
-        try:
-            import fcntl
-        except ImportError:  # Windows: no lock, but atomic renames keep files whole
-            return self
-        fcntl.flock(self.file, fcntl.LOCK_EX)
-        return self
-
-    def __exit__(self, *exc):
-        # Removing the file while holding it is safe: a process that wakes up
-        # on it looks for the data again before it downloads anything.
-        try:
-            os.remove(self.path)
-        except OSError:
-            pass
-        self.file.close()
-
-def _download_fashion_mnist(name, target_dir):
-    """Fetch `name`.gz from the mirror into `target_dir`, verified, written atomically.
-
-    Defined in :numref:`sec_helpers`"""
-    url = os.environ.get('D2L_FASHION_MNIST_MIRROR',
-                         FASHION_MNIST_MIRROR).rstrip('/') + f'/{name}.gz'
-    remedies = (
-        f'(1) set D2L_DATA_DIR to a folder holding the four Fashion-MNIST '
-        f'files; (2) install the Debian package: sudo apt-get install '
-        f'dataset-fashion-mnist; (3) connect to the internet so the files '
-        f'can be downloaded into {target_dir}.')
-    try:
-        with urllib.request.urlopen(url, timeout=30) as response:
-            raw = response.read()
-    except (http.client.IncompleteRead, ConnectionError) as err:
-        raise DatasetError(
-            f'The download of Fashion-MNIST file {name} from {url} was cut '
-            f'off ({type(err).__name__}: {err}); nothing was saved. Run '
-            f'again to retry. If it keeps failing: {remedies}') from None
-    except (urllib.error.URLError, http.client.HTTPException, OSError,
-            ValueError) as err:
-        reason = getattr(err, 'reason', err)
-        raise DatasetError(
-            f'Fashion-MNIST file {name} was not found in any of: '
-            f'{", ".join(fashion_mnist_dirs()[0])}; downloading it from {url} '
-            f'failed ({reason}). Fix it in one of three ways: {remedies}'
-        ) from None
-    _unpack_and_check(url, name, raw)
-    path = os.path.join(target_dir, f'{name}.gz')
-    tmp = f'{path}.part-{os.getpid()}'
-    try:
-        with open(tmp, 'wb') as f:
-            f.write(raw)
-        os.replace(tmp, path)  # readers never see a half-written file
-    finally:
-        if os.path.exists(tmp):  # the disk filled up or we were interrupted
-            os.remove(tmp)
-    return path
-
-def read_idx_file(name):
-    """Find, verify and parse one Fashion-MNIST IDX file into a NumPy array.
-
-    Defined in :numref:`sec_helpers`"""
-    if name not in FASHION_MNIST_SHA256:
-        raise ValueError(f'name must be one of {sorted(FASHION_MNIST_SHA256)}'
-                         f', got {name!r}')
-    search, target_dir = fashion_mnist_dirs()
-    path = _find_idx_file(name, search)
-    if path is None:
-        os.makedirs(target_dir, exist_ok=True)
-        with _FileLock(os.path.join(target_dir, f'{name}.gz.lock')):
-            # Another process may have downloaded it while we waited.
-            path = _find_idx_file(name, search) or \
-                _download_fashion_mnist(name, target_dir)
-    with open(path, 'rb') as f:
-        data = _unpack_and_check(path, name, f.read())
-    _say_once(f'Fashion-MNIST files from {os.path.dirname(path)}')
-    # NumPy proper in every framework's module (MXNet's np cannot view bytes).
-    import numpy
-
-    # IDX header: two zero bytes, a type code (8 = uint8), the number of
-    # dimensions, then one big-endian 32-bit size per dimension.
-    ndim = data[3]
-    shape = tuple(int.from_bytes(data[4 + 4 * i:8 + 4 * i], 'big')
-                  for i in range(ndim))
-    return numpy.frombuffer(data, 'uint8',
-                            offset=4 + 4 * ndim).reshape(shape)
 
 QUICK_PER_CLASS = {'train': 10, 'test': 10}
 
@@ -534,72 +235,9 @@ def train_epochs(num_epochs):
     """`num_epochs` in full mode; at most QUICK_MAX_EPOCHS in quick mode.
 
     Defined in :numref:`sec_helpers`"""
-    if isinstance(num_epochs, bool) or not isinstance(num_epochs, int) or \
-            num_epochs < 1:
-        raise ValueError(f'num_epochs must be a positive integer, got '
-                         f'{num_epochs!r}')
+    _check_positive_int(num_epochs, 'num_epochs')
     return num_epochs if not quick_mode(num_gpus()) else min(
         num_epochs, QUICK_MAX_EPOCHS)
-
-def balanced_subset(labels, per_class):
-    """Indices of the first `per_class` examples of each class, in file order.
-
-    Defined in :numref:`sec_helpers`"""
-    if isinstance(per_class, bool) or not isinstance(per_class, int) or \
-            per_class < 1:
-        raise ValueError(f'per_class must be a positive integer, got '
-                         f'{per_class!r}')
-    picks = [(labels == c).nonzero()[0][:per_class].tolist()
-             for c in sorted(set(labels.tolist()))]
-    return sorted(i for pick in picks for i in pick)
-
-_FASHION_MNIST_CACHE = {}
-
-def fashion_mnist_arrays(split, quick):
-    """Images (float32, N x 1 x 28 x 28, in [0, 1]) and labels (int64) of `split`.
-
-    Defined in :numref:`sec_helpers`"""
-    if split not in ('train', 'test'):
-        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-    if split not in _FASHION_MNIST_CACHE:
-        prefix = 'train' if split == 'train' else 't10k'
-        images = read_idx_file(f'{prefix}-images-idx3-ubyte')
-        labels = read_idx_file(f'{prefix}-labels-idx1-ubyte')
-        _FASHION_MNIST_CACHE[split] = images, labels
-    images, labels = _FASHION_MNIST_CACHE[split]
-    if quick:
-        keep = balanced_subset(labels, QUICK_PER_CLASS[split])
-        images, labels = images[keep], labels[keep]
-    images = images.reshape(-1, 1, 28, 28).astype('float32') / 255
-    return images, labels.astype('int64')
-
-def describe_mode(quick, n_train, n_test):
-    """One line saying which data the loader serves, and how to change it.
-
-    Defined in :numref:`sec_helpers`"""
-    if quick:
-        why = ('D2L_QUICK=1' if os.environ.get('D2L_QUICK', '').strip()
-               else 'no GPU found')
-        return (f'Fashion-MNIST, quick mode ({why}; set D2L_QUICK=0 for the '
-                f'full data): {n_train} training and {n_test} test images')
-    return (f'Fashion-MNIST, full mode: {n_train} training and {n_test} '
-            f'test images')
-
-def _check_loader_args(batch_size, resize):
-    """Reject a batch size or resize target that cannot work, saying why.
-
-    Defined in :numref:`sec_helpers`"""
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or \
-            batch_size < 1:
-        raise ValueError(
-            f'batch_size must be a positive integer, got {batch_size!r}')
-    if resize is None:
-        return None
-    size = (resize, resize) if isinstance(resize, int) else tuple(resize)
-    if len(size) != 2 or not all(isinstance(s, int) and s > 0 for s in size):
-        raise ValueError(f'resize must be a positive integer or a (height, '
-                         f'width) pair of them, got {resize!r}')
-    return size
 
 def load_data_fashion_mnist(batch_size, resize=None):
     """Fashion-MNIST as (train, test) DataLoaders of (images, labels) minibatches.
@@ -618,16 +256,6 @@ def load_data_fashion_mnist(batch_size, resize=None):
             collate_fn=lambda batch: _collate_resized(batch, size)))
     _say_once(describe_mode(quick, *sizes))
     return tuple(loaders)
-
-def _collate_resized(batch, size):
-    """Stack (image, label) pairs into a minibatch, resizing images if asked.
-
-    Defined in :numref:`sec_helpers`"""
-    X = torch.stack([x for x, _ in batch])
-    y = torch.stack([t for _, t in batch])
-    if size is not None:
-        X = F.interpolate(X, size=size, mode='bilinear', align_corners=False)
-    return X, y
 
 class Residual(nn.Module):
     """Two 3x3 conv + batch-norm layers with an identity or 1x1-conv shortcut.
@@ -1058,15 +686,16 @@ def train_epoch_concise(net, train_iter, loss, optimizer, devices):
     return float(total), n
 
 import contextlib
-import datetime
 import logging
 import pickle
 import re
 import signal
-import socket
 import tempfile
 import threading
 import traceback
+
+import datetime
+import socket
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -1074,7 +703,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 def _check_rank(rank, world_size, what='rank'):
     """Reject a world size below 1 or a rank outside 0..world_size-1, naming the culprit.
 
-    Defined in :numref:`sec_ddp`"""
+    Defined in :numref:`sec_process_groups`"""
     for name, value in (('world_size', world_size), (what, rank)):
         if isinstance(value, bool) or not isinstance(value, int):
             raise TypeError(f'{name} must be an int, got {value!r}')
@@ -1084,10 +713,21 @@ def _check_rank(rank, world_size, what='rank'):
         raise ValueError(f'{what} must lie in 0..{world_size - 1} for a world '
                          f'size of {world_size}, got {rank}')
 
+def _check_timeout(timeout_s):
+    """Accept None or a positive number of seconds for a process group's timeout.
+
+    Defined in :numref:`sec_process_groups`"""
+    if timeout_s is None:
+        return
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) \
+            or not timeout_s > 0 or timeout_s == float('inf'):
+        raise ValueError(f'timeout_s must be a positive number of seconds or '
+                         f'None (the backend default), got {timeout_s!r}')
+
 def ddp_device(local_rank, local_world_size):
     """GPU `local_rank` if every process on this machine gets its own GPU, else the CPU.
 
-    Defined in :numref:`sec_ddp`"""
+    Defined in :numref:`sec_process_groups`"""
     _check_rank(local_rank, local_world_size, 'local_rank')
     if num_gpus() >= local_world_size:
         return torch.device('cuda', local_rank)
@@ -1096,7 +736,7 @@ def ddp_device(local_rank, local_world_size):
 def ddp_backend(device):
     """NCCL for a GPU when this build has it, Gloo otherwise.
 
-    Defined in :numref:`sec_ddp`"""
+    Defined in :numref:`sec_process_groups`"""
     if torch.device(device).type == 'cuda' and dist.is_nccl_available():
         return 'nccl'
     return 'gloo'
@@ -1104,7 +744,7 @@ def ddp_backend(device):
 def free_port(host='127.0.0.1'):
     """Ask the operating system for a TCP port on `host` that nothing holds right now.
 
-    Defined in :numref:`sec_ddp`"""
+    Defined in :numref:`sec_process_groups`"""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind((host, 0))  # port 0: let the system choose
         return probe.getsockname()[1]
@@ -1112,7 +752,7 @@ def free_port(host='127.0.0.1'):
 def local_init_method(host='127.0.0.1'):
     """A tcp:// rendezvous address at a free port, for processes on this machine.
 
-    Defined in :numref:`sec_ddp`"""
+    Defined in :numref:`sec_process_groups`"""
     return f'tcp://{host}:{free_port(host)}'
 
 @contextlib.contextmanager
@@ -1120,7 +760,7 @@ def process_group(rank, world_size, init_method='env://', timeout_s=None,
                   device=None, local_rank=None, local_world_size=None):
     """Join a process group for the body of a `with` block; yield this process's device.
 
-    Defined in :numref:`sec_ddp`"""
+    Defined in :numref:`sec_process_groups`"""
     _check_rank(rank, world_size)
     _check_timeout(timeout_s)
     local_rank = rank if local_rank is None else local_rank
@@ -1140,15 +780,261 @@ def process_group(rank, world_size, init_method='env://', timeout_s=None,
         yield device
     except BaseException:
         _record_rank_failure(rank)  # before the others see only a lost peer
-        if _rank_report_dir is None:  # a rank of spawn_ranks: see _run_rank
+        if _rank_report_dir is None:  # spawn_ranks' ranks skip it: _run_rank
             dist.destroy_process_group()
         raise
     if dist.is_initialized():  # unless the body has left the group itself
         dist.barrier()  # leave together: see the text
-        # Gloo's thread frees the barrier's work after it completes and needs
-        # the GIL for that; freeing the group before then can deadlock.
-        time.sleep(0.1)
-        dist.destroy_process_group()
+        _destroy_after_barrier()
+
+_rank_report_dir = None  # set in the processes that spawn_ranks starts
+
+def _record_rank_failure(rank):
+    """In a process that spawn_ranks started, write down the exception being handled, if it is the first.
+
+    Defined in :numref:`sec_process_groups`"""
+    if _rank_report_dir is None:
+        return
+    path = os.path.join(_rank_report_dir, f'rank{rank}.error')
+    if not os.path.exists(path):  # the first error is the cause
+        with open(path + '.part', 'w') as f:
+            f.write(f'{time.time()!r}\n{traceback.format_exc()}')
+        os.replace(path + '.part', path)  # readers never see half a file
+
+def _collect_results(out_dir, world_size):
+    """The results that the ranks of spawn_ranks stored, by rank.
+
+    Defined in :numref:`sec_process_groups`"""
+    results = []
+    for rank in range(world_size):
+        with open(os.path.join(out_dir, f'rank{rank}.pkl'), 'rb') as f:
+            results.append(pickle.load(f))
+    return results
+
+def _check_worker(worker, args):
+    """Fail early, in this process, if spawned processes could not import `worker` or unpickle `args`.
+
+    Defined in :numref:`sec_process_groups`"""
+    if not callable(worker):
+        raise TypeError(f'worker must be a function, got {worker!r}')
+    main = sys.modules.get('__main__')
+    if getattr(worker, '__module__', None) == '__main__' and \
+            not hasattr(main, '__file__'):
+        raise ValueError(
+            f'worker {worker.__name__} is defined in this notebook or '
+            f'interpreter session, which new processes cannot import: save it '
+            f'in a module (as the book saves its workers in d2l) and pass that')
+    for name, value in (('worker', worker), ('args', args)):
+        try:
+            pickle.dumps(value)
+        except Exception as err:
+            raise ValueError(
+                f'{name} cannot be sent to new processes ({err}); use a '
+                f'function defined at the top level of a module and '
+                f'arguments that pickle') from None
+
+@contextlib.contextmanager
+def _quiet_logger(name):
+    """Hide the informational and warning records of logger `name` in the body of a `with` block.
+
+    Defined in :numref:`sec_process_groups`"""
+    logger = logging.getLogger(name)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+def _start_rank(rank, out_dir, parent_pid):
+    """Prepare a process that spawn_ranks started: report to out_dir, log there, die with the parent.
+
+    Defined in :numref:`sec_process_groups`"""
+    global _rank_report_dir
+    _rank_report_dir = out_dir
+    log = os.open(os.path.join(out_dir, f'rank{rank}.log'),
+                  os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    for stream in (1, 2):  # C++ log lines and dumps bypass sys.stdout/stderr
+        os.dup2(log, stream)
+    os.close(log)
+    if sys.platform.startswith('linux'):
+        import ctypes
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent_pid:  # the parent died before we asked
+        os._exit(1)
+
+def _finish_rank(rank, out_dir, result):
+    """Store the result of a worker where spawn_ranks collects it.
+
+    Defined in :numref:`sec_process_groups`"""
+    with open(os.path.join(out_dir, f'rank{rank}.pkl.part'), 'wb') as f:
+        pickle.dump(result, f)
+    os.replace(os.path.join(out_dir, f'rank{rank}.pkl.part'),
+               os.path.join(out_dir, f'rank{rank}.pkl'))
+
+def _rank_failure(out_dir, world_size, spawn_error):
+    """The error to raise for a failed group: the first one a rank wrote, or a summary of how a rank died.
+
+    Defined in :numref:`sec_process_groups`"""
+    written = []
+    for rank in range(world_size):
+        path = os.path.join(out_dir, f'rank{rank}.error')
+        if os.path.exists(path):
+            with open(path) as f:
+                when, trace = f.read().split('\n', 1)
+            written.append((float(when), rank, trace))
+    if written:
+        _, rank, trace = min(written)
+        return RuntimeError(f'rank {rank} of {world_size} failed:\n{trace}')
+    said = str(spawn_error).strip() or type(spawn_error).__name__
+    found = re.search(r'process (\d+) terminated with (.*)', said, re.I)
+    if not found:
+        return RuntimeError(f'a rank failed: {said}')
+    rank = int(found.group(1))
+    message = (f'rank {rank} of {world_size} died '
+               f'({found.group(2).rstrip(".")}) without a Python error')
+    log = os.path.join(out_dir, f'rank{rank}.log')
+    if os.path.exists(log):
+        with open(log, errors='replace') as f:
+            tail = f.read()[-3000:]
+        message += f'.\nThe end of its output:\n{tail}'
+    return RuntimeError(message)
+
+def _stop_processes(processes, grace_s=3.0):
+    """Terminate the processes that still run, kill those that ignore it, and reap them all.
+
+    Defined in :numref:`sec_process_groups`"""
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+    deadline = time.monotonic() + grace_s
+    for process in processes:
+        process.join(max(0.0, deadline - time.monotonic()))
+        if process.is_alive():
+            process.kill()
+            process.join()
+
+def _join_ranks(context, out_dir, world_size):
+    """Wait for the processes of spawn_ranks; on a failure, an interrupt or SIGTERM stop them all.
+
+    Defined in :numref:`sec_process_groups`"""
+    def on_sigterm(signum, frame):
+        raise SystemExit(128 + signum)  # unwinds through the clean-up below
+
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    if in_main_thread:
+        previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        while not context.join(timeout=0.2):
+            pass
+    except Exception as err:  # a rank failed
+        _stop_processes(context.processes)
+        raise _rank_failure(out_dir, world_size, err) from None
+    except BaseException:  # KeyboardInterrupt, or SystemExit from SIGTERM
+        _stop_processes(context.processes)
+        raise
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, previous)
+
+_ABANDONED = []  # models of failed groups, never freed (see _run_rank)
+
+def _exit_if_abandoned():
+    """End a rank that keeps a model of a failed group without running destructors.
+
+    Defined in :numref:`sec_process_groups`"""
+    if _ABANDONED:  # freeing them can deadlock in ProcessGroupGloo's destructor
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+def _leave_failed_rank():
+    """End a rank whose error is stored without running destructors.
+
+    Defined in :numref:`sec_process_groups`"""
+    sys.stdout.flush()  # tearing down a failed Gloo group can deadlock
+    sys.stderr.flush()
+    os._exit(1)
+
+def _destroy_after_barrier():
+    """Free the process group a moment after a barrier that all ranks passed.
+
+    Defined in :numref:`sec_process_groups`"""
+    # Gloo's thread frees the barrier's work after it completes and needs
+    # the GIL for that; freeing the group before then can deadlock.
+    time.sleep(0.1)
+    dist.destroy_process_group()
+
+def spawn_ranks(worker, world_size, *args):
+    """Run worker(rank, world_size, *args) in `world_size` new processes; return their results by rank.
+
+    Defined in :numref:`sec_process_groups`"""
+    _check_rank(0, world_size)
+    _check_worker(worker, args)
+    with tempfile.TemporaryDirectory(prefix='d2l-ranks-') as out_dir, \
+            _quiet_logger('torch.multiprocessing.spawn'):
+        context = mp.start_processes(
+            _run_rank, args=(worker, world_size, args, out_dir, os.getpid()),
+            nprocs=world_size, join=False)
+        _join_ranks(context, out_dir, world_size)
+        return _collect_results(out_dir, world_size)
+
+def _run_rank(rank, worker, world_size, args, out_dir, parent_pid):
+    """Body of one process of spawn_ranks: run the worker, store its result or its error.
+
+    Defined in :numref:`sec_process_groups`"""
+    _start_rank(rank, out_dir, parent_pid)
+    try:
+        result = worker(rank, world_size, *args)
+    except BaseException:
+        _record_rank_failure(rank)  # unless process_group already did
+        _leave_failed_rank()
+    _finish_rank(rank, out_dir, result)
+    _exit_if_abandoned()
+
+def _all_reduce_demo(rank, world_size, init_method):
+    """Join a group and sum rank + 1 over all ranks; return what this rank saw.
+
+    Defined in :numref:`sec_process_groups`"""
+    with process_group(rank, world_size, init_method) as device:
+        x = torch.tensor([rank + 1.0], device=device)
+        dist.all_reduce(x)  # every rank receives the sum
+        return {'rank': rank, 'pid': os.getpid(), 'device': str(device),
+                'backend': dist.get_backend(), 'sum': x.item()}
+
+def launcher_ranks():
+    """(rank, world size, local rank, local world size) as set by torchrun.
+
+    Defined in :numref:`sec_process_groups`"""
+    names = ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'LOCAL_WORLD_SIZE')
+    missing = [name for name in names if name not in os.environ]
+    if missing:
+        raise RuntimeError(
+            f'{", ".join(missing)} not set: start this script with torchrun, '
+            f'for example torchrun --nproc_per_node=2 {sys.argv[0]}')
+    return tuple(int(os.environ[name]) for name in names)
+
+def ddp_script_path(framework=None):
+    """Path of the book's launcher script for `framework` ('torch' or 'paddle'; default: this module's).
+
+    Defined in :numref:`sec_process_groups`"""
+    names = {'torch': 'ddp_train.py', 'paddle': 'ddp_train_paddle.py'}
+    if framework is None:
+        framework = __name__.rsplit('.', 1)[-1]  # d2l.torch or d2l.paddle
+    if framework not in names:
+        raise ValueError(f"framework must be 'torch' or 'paddle', got {framework!r}")
+    name = names[framework]
+    # Next to d2l/ in the repository, or beside a downloaded notebook.
+    book_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    places = [os.path.join(book_root, 'chapter_multi_gpu', name),
+              os.path.join(os.getcwd(), name),
+              os.path.join(os.getcwd(), 'chapter_multi_gpu', name)]
+    for place in places:
+        if os.path.isfile(place):
+            return place
+    raise FileNotFoundError(f'{name} is in none of ' + ', '.join(places) +
+                            ": run from the book's root or notebook folder")
 
 def fashion_mnist_tensors(split):
     """Images and labels of a Fashion-MNIST split as tensors (the quick subset in quick mode).
@@ -1192,204 +1078,8 @@ def sgd_on_shards(net, optimizer, rank, world_size, num_steps, batch_size,
         y_hat = net(X_shard.to(device))
         loss = F.cross_entropy(y_hat, y_shard.to(y_hat.device))
         optimizer.zero_grad()
-        loss.backward()  # a DDP model averages the gradients over ranks here
+        loss.backward()  # a wrapped model averages the gradients over ranks here
         optimizer.step()
-
-_rank_report_dir = None  # set in the processes that spawn_ranks starts
-
-def _record_rank_failure(rank):
-    """In a process that spawn_ranks started, write down the exception being handled, if it is the first.
-
-    Defined in :numref:`sec_ddp`"""
-    if _rank_report_dir is None:
-        return
-    path = os.path.join(_rank_report_dir, f'rank{rank}.error')
-    if not os.path.exists(path):  # the first error is the cause
-        with open(path + '.part', 'w') as f:
-            f.write(f'{time.time()!r}\n{traceback.format_exc()}')
-        os.replace(path + '.part', path)  # readers never see half a file
-
-def _check_timeout(timeout_s):
-    """Accept None or a positive number of seconds for a process group's timeout.
-
-    Defined in :numref:`sec_ddp`"""
-    if timeout_s is None:
-        return
-    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) \
-            or not timeout_s > 0 or timeout_s == float('inf'):
-        raise ValueError(f'timeout_s must be a positive number of seconds or '
-                         f'None (the backend default), got {timeout_s!r}')
-
-def _check_worker(worker, args):
-    """Fail early, in this process, if spawned processes could not import `worker` or unpickle `args`.
-
-    Defined in :numref:`sec_ddp`"""
-    if not callable(worker):
-        raise TypeError(f'worker must be a function, got {worker!r}')
-    main = sys.modules.get('__main__')
-    if getattr(worker, '__module__', None) == '__main__' and \
-            not hasattr(main, '__file__'):
-        raise ValueError(
-            f'worker {worker.__name__} is defined in this notebook or '
-            f'interpreter session, which new processes cannot import: save it '
-            f'in a module (as the book saves its workers in d2l) and pass that')
-    for name, value in (('worker', worker), ('args', args)):
-        try:
-            pickle.dumps(value)
-        except Exception as err:
-            raise ValueError(
-                f'{name} cannot be sent to new processes ({err}); use a '
-                f'function defined at the top level of a module and '
-                f'arguments that pickle') from None
-
-def _start_rank(rank, out_dir, parent_pid):
-    """Prepare a process that spawn_ranks started: report to out_dir, log there, die with the parent.
-
-    Defined in :numref:`sec_ddp`"""
-    global _rank_report_dir
-    _rank_report_dir = out_dir
-    log = os.open(os.path.join(out_dir, f'rank{rank}.log'),
-                  os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-    for stream in (1, 2):  # C++ log lines and dumps bypass sys.stdout/stderr
-        os.dup2(log, stream)
-    os.close(log)
-    if sys.platform.startswith('linux'):
-        import ctypes
-        PR_SET_PDEATHSIG = 1
-        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent_pid:  # the parent died before we asked
-        os._exit(1)
-
-def _finish_rank(rank, out_dir, result):
-    """Store the result of a worker where spawn_ranks collects it.
-
-    Defined in :numref:`sec_ddp`"""
-    with open(os.path.join(out_dir, f'rank{rank}.pkl.part'), 'wb') as f:
-        pickle.dump(result, f)
-    os.replace(os.path.join(out_dir, f'rank{rank}.pkl.part'),
-               os.path.join(out_dir, f'rank{rank}.pkl'))
-
-@contextlib.contextmanager
-def _quiet_logger(name):
-    """Hide the informational and warning records of logger `name` in the body of a `with` block.
-
-    Defined in :numref:`sec_ddp`"""
-    logger = logging.getLogger(name)
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
-
-def _stop_processes(processes, grace_s=3.0):
-    """Terminate the processes that still run, kill those that ignore it, and reap them all.
-
-    Defined in :numref:`sec_ddp`"""
-    for process in processes:
-        if process.is_alive():
-            process.terminate()
-    deadline = time.monotonic() + grace_s
-    for process in processes:
-        process.join(max(0.0, deadline - time.monotonic()))
-        if process.is_alive():
-            process.kill()
-            process.join()
-
-def _rank_failure(out_dir, world_size, spawn_error):
-    """The error to raise for a failed group: the first one a rank wrote, or a summary of how a rank died.
-
-    Defined in :numref:`sec_ddp`"""
-    written = []
-    for rank in range(world_size):
-        path = os.path.join(out_dir, f'rank{rank}.error')
-        if os.path.exists(path):
-            with open(path) as f:
-                when, trace = f.read().split('\n', 1)
-            written.append((float(when), rank, trace))
-    if written:
-        _, rank, trace = min(written)
-        return RuntimeError(f'rank {rank} of {world_size} failed:\n{trace}')
-    said = str(spawn_error).strip() or type(spawn_error).__name__
-    found = re.search(r'process (\d+) terminated with (.*)', said, re.I)
-    if not found:
-        return RuntimeError(f'a rank failed: {said}')
-    rank = int(found.group(1))
-    message = (f'rank {rank} of {world_size} died '
-               f'({found.group(2).rstrip(".")}) without a Python error')
-    log = os.path.join(out_dir, f'rank{rank}.log')
-    if os.path.exists(log):
-        with open(log, errors='replace') as f:
-            tail = f.read()[-3000:]
-        message += f'.\nThe end of its output:\n{tail}'
-    return RuntimeError(message)
-
-def _join_ranks(context, out_dir, world_size):
-    """Wait for the processes of spawn_ranks; on a failure, an interrupt or SIGTERM stop them all.
-
-    Defined in :numref:`sec_ddp`"""
-    def on_sigterm(signum, frame):
-        raise SystemExit(128 + signum)  # unwinds through the clean-up below
-
-    in_main_thread = threading.current_thread() is threading.main_thread()
-    if in_main_thread:
-        previous = signal.signal(signal.SIGTERM, on_sigterm)
-    try:
-        while not context.join(timeout=0.2):
-            pass
-    except Exception as err:  # a rank failed
-        _stop_processes(context.processes)
-        raise _rank_failure(out_dir, world_size, err) from None
-    except BaseException:  # KeyboardInterrupt, or SystemExit from SIGTERM
-        _stop_processes(context.processes)
-        raise
-    finally:
-        if in_main_thread:
-            signal.signal(signal.SIGTERM, previous)
-
-def _collect_results(out_dir, world_size):
-    """The results that the ranks of spawn_ranks stored, by rank.
-
-    Defined in :numref:`sec_ddp`"""
-    results = []
-    for rank in range(world_size):
-        with open(os.path.join(out_dir, f'rank{rank}.pkl'), 'rb') as f:
-            results.append(pickle.load(f))
-    return results
-
-def spawn_ranks(worker, world_size, *args):
-    """Run worker(rank, world_size, *args) in `world_size` new processes; return their results by rank.
-
-    Defined in :numref:`sec_ddp`"""
-    _check_rank(0, world_size)
-    _check_worker(worker, args)
-    with tempfile.TemporaryDirectory(prefix='d2l-ranks-') as out_dir, \
-            _quiet_logger('torch.multiprocessing.spawn'):
-        context = mp.start_processes(
-            _run_rank, args=(worker, world_size, args, out_dir, os.getpid()),
-            nprocs=world_size, join=False)
-        _join_ranks(context, out_dir, world_size)
-        return _collect_results(out_dir, world_size)
-
-def _run_rank(rank, worker, world_size, args, out_dir, parent_pid):
-    """Body of one process of spawn_ranks: run the worker, store its result or its error.
-
-    Defined in :numref:`sec_ddp`"""
-    _start_rank(rank, out_dir, parent_pid)
-    try:
-        result = worker(rank, world_size, *args)
-    except BaseException:
-        _record_rank_failure(rank)  # unless process_group already did
-        # The error is stored; tearing down a failed Gloo group can deadlock
-        # in its destructors, so leave without running them.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(1)
-    _finish_rank(rank, out_dir, result)
-    if _ABANDONED:  # skip their destructors, which can deadlock
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
 
 def ddp_sgd_steps(rank, world_size, init_method, num_steps, batch_size, lr):
     """DDP worker: `num_steps` of SGD on `_small_mlp`, `batch_size` examples per rank; returns the parameters.
@@ -1413,7 +1103,13 @@ def sgd_steps_one_process(num_steps, batch_size, lr):
                   torch.device('cpu'))
     return flat_parameters(net)
 
-_ABANDONED = []  # models of failed groups, never freed (see _run_rank)
+def _timed_step(net, X, y):
+    """Seconds that one forward and backward pass of `net` on (X, y) takes.
+
+    Defined in :numref:`sec_ddp`"""
+    began = time.perf_counter()
+    F.cross_entropy(net(X), y).backward()
+    return time.perf_counter() - began
 
 def _skew_demo(rank, world_size, init_method, delay_s, timeout_s):
     """Time DDP steps of every rank while rank 1 is late once and then leaves.
@@ -1424,27 +1120,19 @@ def _skew_demo(rank, world_size, init_method, delay_s, timeout_s):
         net = DDP(_small_mlp(seed=0))
         X, y = shard_of_batch(*fashion_mnist_tensors('train'), 0, rank,
                               world_size, 32)
-
-        def timed_step():
-            began = time.perf_counter()
-            F.cross_entropy(net(X), y).backward()
-            return time.perf_counter() - began
-
         for _ in range(3):
-            timed_step()  # DDP settles its gradient buckets in the first steps
-        seen = {'all on time': timed_step()}
+            _timed_step(net, X, y)  # DDP settles its buckets in the first steps
+        seen = {'all on time': _timed_step(net, X, y)}
         if rank == 1:
             time.sleep(delay_s)
-        seen['rank 1 late'] = timed_step()
-        # Freeing a DDP model whose group failed can deadlock in Gloo's
-        # destructor, so this process keeps it until it exits.
-        _ABANDONED.append(net)
+        seen['rank 1 late'] = _timed_step(net, X, y)
+        _ABANDONED.append(net)  # never freed: see _exit_if_abandoned
         if rank == 1:
             dist.destroy_process_group()  # leave now, without waiting for rank 0
             return seen
         began = time.perf_counter()
         try:
-            timed_step()
+            _timed_step(net, X, y)
             seen['rank 1 gone'] = 'no error'
         except RuntimeError as err:
             seen['rank 1 gone'] = time.perf_counter() - began
@@ -1546,6 +1234,23 @@ def evaluate_accuracy_ddp(net, device, rank, world_size, batch_size=256):
     dist.all_reduce(counts)  # correct predictions and images of all ranks
     return (counts[0] / counts[1]).item()
 
+def _ddp_epoch(net, optimizer, train_iter, device):
+    """One epoch on this rank's shards; return the mean training loss over all ranks.
+
+    Defined in :numref:`sec_ddp`"""
+    net.train()
+    totals = torch.zeros(2, dtype=torch.float64, device=device)
+    for X, y in train_iter:
+        X, y = X.to(device), y.to(device)
+        loss = F.cross_entropy(net(X), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        totals[0] += loss.detach() * len(y)
+        totals[1] += len(y)
+    dist.all_reduce(totals)  # loss sums and counts of all ranks
+    return (totals[0] / totals[1]).item()  # waits for the device
+
 def train_ddp(rank, world_size, init_method, num_epochs, batch_size, lr,
               local_rank=None, local_world_size=None):
     """Train d2l.resnet18 on Fashion-MNIST with DDP at global batch `batch_size`; return a summary.
@@ -1569,20 +1274,9 @@ def train_ddp(rank, world_size, init_method, num_epochs, batch_size, lr,
         timer = Timer()
         for epoch in range(num_epochs):
             sampler.set_epoch(epoch)  # a new shuffle, the same on every rank
-            net.train()
             timer.start()
-            totals = torch.zeros(2, dtype=torch.float64, device=device)
-            for X, y in train_iter:
-                X, y = X.to(device), y.to(device)
-                loss = F.cross_entropy(net(X), y)
-                optimizer.zero_grad()
-                loss.backward()
-                optimizer.step()
-                totals[0] += loss.detach() * len(y)
-                totals[1] += len(y)
-            dist.all_reduce(totals)  # loss sums and counts of all ranks
-            # Reading the result waits for the device, so the clock stops after it.
-            summary['train_loss'].append((totals[0] / totals[1]).item())
+            summary['train_loss'].append(
+                _ddp_epoch(net, optimizer, train_iter, device))
             summary['epoch_s'].append(timer.stop())
         summary['test_acc'] = evaluate_accuracy_ddp(net.module, device, rank,
                                                     world_size)
@@ -1678,45 +1372,7 @@ def _time_ddp_worker(rank, world_size, init_method, global_batch, num_steps,
         dist.all_reduce(seconds, op=dist.ReduceOp.MAX)  # the slowest rank
         return seconds.item()
 
-def launcher_ranks():
-    """(rank, world size, local rank, local world size) as set by torchrun.
-
-    Defined in :numref:`sec_ddp`"""
-    names = ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'LOCAL_WORLD_SIZE')
-    missing = [name for name in names if name not in os.environ]
-    if missing:
-        raise RuntimeError(
-            f'{", ".join(missing)} not set: start this script with torchrun, '
-            f'for example torchrun --nproc_per_node=2 {sys.argv[0]}')
-    return tuple(int(os.environ[name]) for name in names)
-
-def ddp_script_path(framework=None):
-    """Path of the book's launcher script for `framework` ('torch' or 'paddle'; default: this module's).
-
-    Defined in :numref:`sec_ddp`"""
-    names = {'torch': 'ddp_train.py', 'paddle': 'ddp_train_paddle.py'}
-    if framework is None:
-        framework = __name__.rsplit('.', 1)[-1]  # d2l.torch or d2l.paddle
-    if framework not in names:
-        raise ValueError(f"framework must be 'torch' or 'paddle', got {framework!r}")
-    name = names[framework]
-    # In the repository the script sits in chapter_multi_gpu/ next to d2l/;
-    # in a downloaded notebook folder it sits beside the notebook, which is
-    # where Jupyter starts; the book's commands run from the repository root.
-    book_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    places = [os.path.join(book_root, 'chapter_multi_gpu', name),
-              os.path.join(os.getcwd(), name),
-              os.path.join(os.getcwd(), 'chapter_multi_gpu', name)]
-    for place in places:
-        if os.path.isfile(place):
-            return place
-    raise FileNotFoundError(
-        f'{name} is in none of ' + ', '.join(places) + ': run from the '
-        f"book's root folder or from the folder of this section's notebook")
-
-import itertools
 import math
-
 from torch.distributed.fsdp import fully_shard
 
 def _check_per_device(data, name):
@@ -1732,19 +1388,47 @@ def _check_per_device(data, name):
         raise ValueError(f'{name} must hold tensors of one shape, got '
                          f'{[tuple(x.shape) for x in data]}')
 
+def _flat(x):
+    """`x` as a 1-D tensor outside any autograd graph.
+
+    Defined in :numref:`sec_sharded_data_parallel`"""
+    return x.detach().reshape(-1)
+
+def _copy(x, device):
+    """A new copy of `x` on `device`.
+
+    Defined in :numref:`sec_sharded_data_parallel`"""
+    return x.detach().to(device, copy=True)
+
+def _on(device):
+    """A context in which new tensors are made on `device`.
+
+    Defined in :numref:`sec_sharded_data_parallel`"""
+    return device
+
+def _device(x):
+    """The device that holds `x`.
+
+    Defined in :numref:`sec_sharded_data_parallel`"""
+    return x.device
+
+_concat, _zeros_like = torch.cat, torch.zeros_like
+
 def reduce_scatter(data):
     """Sum same-shaped tensors on k devices; device i receives shard i of the flat sum.
 
     Defined in :numref:`sec_sharded_data_parallel`"""
     _check_per_device(data, 'data')
-    sizes = shard_sizes(data[0].numel(), len(data))
-    pieces = [x.detach().reshape(-1).split(sizes) for x in data]
+    bounds = [0, *itertools.accumulate(
+        shard_sizes(math.prod(data[0].shape), len(data)))]
     shards = []
     for i, x in enumerate(data):
-        total = pieces[i][i].clone()
-        for j in range(len(data)):
-            if j != i:  # shard i of device j travels to device i
-                total += pieces[j][i].to(x.device)
+        lo, hi, device = bounds[i], bounds[i + 1], _device(x)
+        with _on(device):
+            total = _copy(_flat(x)[lo:hi], device)
+            for j, other in enumerate(data):
+                if j != i and hi > lo:  # MXNet cannot add empty arrays
+                    total += _copy(_flat(other)[lo:hi], device)  # shard i of j
         shards.append(total)
     return shards
 
@@ -1752,11 +1436,14 @@ def all_gather(shards):
     """Concatenate the flat shards of k devices into the full flat tensor on every device.
 
     Defined in :numref:`sec_sharded_data_parallel`"""
-    if len(shards) == 0 or any(s.dim() != 1 for s in shards):
+    if len(shards) == 0 or any(len(s.shape) != 1 for s in shards):
         raise ValueError('shards must be a non-empty list of 1-D tensors, '
                          'one per device (flatten them first)')
-    return [torch.cat([s.detach().to(x.device) for s in shards])
-            for x in shards]
+    gathered = []
+    for x in shards:
+        with _on(_device(x)):
+            gathered.append(_concat([_copy(s, _device(x)) for s in shards]))
+    return gathered
 
 def unflatten(flat, shapes):
     """Views of the flat tensor `flat` in the given `shapes`, in order.
@@ -1811,8 +1498,7 @@ def _check_zero_states(states, devices, stage):
     own = shard_sizes(n, len(devices))[0]
     needed = (own if stage == 3 else n, own if stage >= 2 else n,
               own if stage >= 1 else n)
-    held = tuple(states[0][kind].shape[0]
-                 for kind in ('params', 'grads', 'momentum'))
+    held = tuple(x.shape[0] for x in states[0].values())  # in zero_init's order
     if held != needed:
         raise ValueError(f'states hold {held} parameters, gradients and '
                          f'momentum on device 0, but stage {stage} needs '
@@ -1824,15 +1510,16 @@ def zero_init(params, devices, stage):
     Defined in :numref:`sec_sharded_data_parallel`"""
     check_stage(stage)
     _check_zero_args(params, devices)
-    flat = torch.cat([p.detach().reshape(-1) for p in params])
-    own = flat.split(shard_sizes(flat.numel(), len(devices)))
+    flat = _concat([_flat(p) for p in params])
+    bounds = [0, *itertools.accumulate(shard_sizes(flat.shape[0], len(devices)))]
     states = []
     for i, device in enumerate(devices):
-        mine = own[i].to(device, copy=True)
-        full = mine if stage == 3 else flat.to(device, copy=True)
-        states.append({'params': full,
-                       'grads': torch.zeros_like(mine if stage >= 2 else full),
-                       'momentum': torch.zeros_like(mine if stage >= 1 else full)})
+        with _on(device):
+            mine = _copy(flat[bounds[i]:bounds[i + 1]], device)
+            full = mine if stage == 3 else _copy(flat, device)
+            states.append({'params': full,
+                           'grads': _zeros_like(mine if stage >= 2 else full),
+                           'momentum': _zeros_like(mine if stage >= 1 else full)})
     return states
 
 def zero_step(X, y, states, devices, stage, lr, momentum=0.9):
@@ -1862,17 +1549,22 @@ def _zero_update(states, grads, owned, devices, stage, lr, momentum):
     """Momentum-SGD update of the parameters each device owns, in place.
 
     Defined in :numref:`sec_sharded_data_parallel`"""
-    with torch.no_grad():
-        for s, g, own in zip(states, grads, owned):
-            g_held = s['grads'][own] if stage == 1 else s['grads']
-            g_held[:] = g
-            w = s['params'][own] if stage in (1, 2) else s['params']
-            s['momentum'].mul_(momentum).add_(g_held)
-            w -= lr * s['momentum']  # a view: writes into the state
-        if stage in (1, 2):  # everybody needs everybody's new parameters
-            new = all_gather([s['params'][own]
-                              for s, own in zip(states, owned)])
-            for s, w in zip(states, new):
+    for s, g, own, device in zip(states, grads, owned, devices):
+        with _on(device):
+            if stage == 1:  # the full-size buffer receives its shard
+                s['grads'][own] = g
+            else:
+                s['grads'][:] = g
+            g = s['grads'][own] if stage == 1 else s['grads']
+            s['momentum'][:] = momentum * s['momentum'] + g
+            if stage in (1, 2):  # slice assignment writes into the state
+                s['params'][own] = s['params'][own] - lr * s['momentum']
+            else:
+                s['params'][:] = s['params'] - lr * s['momentum']
+    if stage in (1, 2):  # everybody needs everybody's new parameters
+        new = all_gather([s['params'][own] for s, own in zip(states, owned)])
+        for s, w, device in zip(states, new, devices):
+            with _on(device):
                 s['params'][:] = w
 
 def state_bytes(state):
@@ -1938,12 +1630,30 @@ def _fsdp_vs_ddp(rank, world_size, init_method, num_steps, batch_size, lr):
                              _full_parameters(net))
         return results
 
-import math
-import numbers
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 import contextlib
+import math
+import numbers
 import statistics
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+import time
+
+def _check_number(name, value, positive=False):
+    """Reject a value that is not a finite real number >= 0 (> 0 if `positive`), naming it.
+
+    Defined in :numref:`sec_cost_model`"""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) \
+            or not math.isfinite(value) or value < 0 or (positive and value == 0):
+        raise ValueError(f'{name} must be a finite number '
+                         f'{"> 0" if positive else ">= 0"}, got {value!r}')
+
+def _check_int(name, value, low, why=''):
+    """Reject a value that is not an int >= `low`, naming it.
+
+    Defined in :numref:`sec_cost_model`"""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) \
+            or value < low:
+        raise ValueError(f'{name} must be an int >= {low}{why}, got {value!r}')
 
 def _check_cost_args(num_bytes, k, alpha, beta):
     """Reject sizes or times that are negative or not finite, and k below 1, naming the argument.
@@ -1951,13 +1661,49 @@ def _check_cost_args(num_bytes, k, alpha, beta):
     Defined in :numref:`sec_cost_model`"""
     for name, value in (('num_bytes', num_bytes), ('alpha', alpha),
                         ('beta', beta)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Real) \
-                or not math.isfinite(value) or value < 0:
-            raise ValueError(f'{name} must be a finite number >= 0, got '
-                             f'{value!r}')
-    if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 1:
-        raise ValueError(f'k (the number of processes) must be an int >= 1, '
-                         f'got {k!r}')
+        _check_number(name, value)
+    _check_int('k (the number of processes)', k, 1)
+
+def _check_world_of_two(world_size):
+    """Reject a world size that is not an int >= 2: one process has nothing to allreduce.
+
+    Defined in :numref:`sec_cost_model`"""
+    _check_int('world_size', world_size, 2, ' (one process sends nothing)')
+
+def _check_timings(num_bytes, seconds, k):
+    """Reject timings that fit_alpha_beta cannot fit a line to, saying why.
+
+    Defined in :numref:`sec_cost_model`"""
+    _check_int('k', k, 2, ' (one process sends nothing)')
+    if len(num_bytes) != len(seconds) or len(set(num_bytes)) < 2:
+        raise ValueError('num_bytes and seconds must have the same length, and '
+                         'num_bytes needs at least two different sizes to fit '
+                         f'a line; got {num_bytes!r} and {seconds!r}')
+    for name, values in (('num_bytes', num_bytes), ('seconds', seconds)):
+        for v in values:
+            _check_number(name, v, positive=True)
+
+def _check_step_args(t_compute, cores, threads, accumulate, overlap):
+    """Reject arguments of predict_step_time that are not positive, or an overlap outside [0, 1].
+
+    Defined in :numref:`sec_cost_model`"""
+    for name, value in (('t_compute', t_compute), ('threads', threads),
+                        ('cores', 1 if cores is None else cores),
+                        ('accumulate', accumulate)):
+        _check_number(name, value, positive=True)
+    _check_number('overlap (the hidden fraction of the allreduce)', overlap)
+    if overlap > 1:
+        raise ValueError(f'overlap must be at most 1, got {overlap!r}')
+
+def _check_sizes(sizes, reps):
+    """Reject an empty or non-positive list of byte sizes, or reps below 1.
+
+    Defined in :numref:`sec_cost_model`"""
+    sizes = list(sizes) or [None]
+    for n in sizes:
+        _check_int('sizes (a non-empty list of bytes of float32)', n, 4)
+    _check_int('reps', reps, 1)
+    return sizes
 
 def ring_allreduce_time(num_bytes, k, alpha, beta):
     """Seconds the alpha-beta model gives a ring allreduce of `num_bytes` over `k` processes.
@@ -1978,58 +1724,42 @@ def fit_alpha_beta(num_bytes, seconds, k):
 
     Defined in :numref:`sec_cost_model`"""
     num_bytes, seconds = list(num_bytes), list(seconds)
-    if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 2:
-        raise ValueError(f'k must be an int >= 2 (one process sends nothing), '
-                         f'got {k!r}')
-    if len(num_bytes) != len(seconds):
-        raise ValueError(f'num_bytes and seconds must have the same length, '
-                         f'got {len(num_bytes)} and {len(seconds)}')
-    if len(set(num_bytes)) < 2:
-        raise ValueError('num_bytes needs at least two different sizes to fit '
-                         'a line')
-    for name, values in (('num_bytes', num_bytes), ('seconds', seconds)):
-        for v in values:
-            if isinstance(v, bool) or not isinstance(v, numbers.Real) \
-                    or not math.isfinite(v) or v <= 0:
-                raise ValueError(f'{name} must hold finite numbers > 0, got '
-                                 f'{v!r}')
+    _check_timings(num_bytes, seconds, k)
     w = [1 / t ** 2 for t in seconds]  # relative, not absolute, errors
-    s0 = sum(w)
-    s1 = sum(wi * n for wi, n in zip(w, num_bytes))
-    s2 = sum(wi * n * n for wi, n in zip(w, num_bytes))
-    st = sum(wi * t for wi, t in zip(w, seconds))
-    snt = sum(wi * n * t for wi, n, t in zip(w, num_bytes, seconds))
-    a = (s2 * st - s1 * snt) / (s0 * s2 - s1 * s1)
-    b = (s0 * snt - s1 * st) / (s0 * s2 - s1 * s1)
+    s0, s1, s2 = (sum(wi * n ** e for wi, n in zip(w, num_bytes))
+                  for e in (0, 1, 2))
+    st, snt = (sum(wi * n ** e * t for wi, n, t in zip(w, num_bytes, seconds))
+               for e in (0, 1))
+    det = s0 * s2 - s1 * s1
+    a, b = (s2 * st - s1 * snt) / det, (s0 * snt - s1 * st) / det
     if a < 0:  # noise pushed the intercept below zero: no latency at all
         a, b = 0.0, snt / s2
     if not b > 0:
         raise ValueError('the timings do not grow with the size, so no '
-                         'bandwidth can be fitted; measure larger sizes or '
-                         'more repetitions')
+                         'bandwidth can be fitted; measure more or larger')
     return a / (2 * (k - 1)), b * k / (2 * (k - 1))
 
-def _check_sizes(sizes, reps):
-    """Reject an empty or non-positive list of byte sizes, or reps below 1.
+def _alternating_rounds(jobs, reps, wait=lambda: None, sync=lambda: None):
+    """Seconds of each no-argument function in `jobs` in each of `reps` rounds; rounds alternate the order.
 
     Defined in :numref:`sec_cost_model`"""
-    sizes = list(sizes)
-    if not sizes or any(isinstance(n, bool) or not isinstance(n, numbers.Integral)
-                        or n < 4 for n in sizes):
-        raise ValueError(f'sizes must be a non-empty list of ints >= 4 (bytes '
-                         f'of float32), got {sizes!r}')
-    if isinstance(reps, bool) or not isinstance(reps, int) or reps < 1:
-        raise ValueError(f'reps must be an int >= 1, got {reps!r}')
-    return sizes
+    seconds = [[0.0] * len(jobs) for _ in range(reps)]
+    for r in range(reps):
+        order = range(len(jobs)) if r % 2 == 0 else range(len(jobs))[::-1]
+        for i in order:
+            wait()  # all processes start each timing together
+            began = time.perf_counter()
+            jobs[i]()
+            sync()  # a GPU's work ends when it is done, not when it is queued
+            seconds[r][i] = time.perf_counter() - began
+    return seconds
 
-def _check_world_of_two(world_size):
-    """Reject a world size that is not an int >= 2: one process has nothing to allreduce.
+def _slowest_medians(per_process):
+    """Per job, the median over rounds of the slowest process's seconds, given each process's _alternating_rounds.
 
     Defined in :numref:`sec_cost_model`"""
-    if isinstance(world_size, bool) or not isinstance(world_size, int) \
-            or world_size < 2:
-        raise ValueError(f'world_size must be an int >= 2 (one process sends '
-                         f'nothing), got {world_size!r}')
+    rounds = [[max(col) for col in zip(*rows)] for rows in zip(*per_process)]
+    return [statistics.median(col) for col in zip(*rounds)]
 
 def time_all_reduce(world_size, sizes, reps=3):
     """Median seconds of one all_reduce of each byte size in `sizes` over `world_size` processes.
@@ -2037,41 +1767,29 @@ def time_all_reduce(world_size, sizes, reps=3):
     Defined in :numref:`sec_cost_model`"""
     sizes = _check_sizes(sizes, reps)
     _check_world_of_two(world_size)
-    return spawn_ranks(_all_reduce_worker, world_size, local_init_method(),
-                       sizes, reps)[0]
+    return _slowest_medians(spawn_ranks(
+        _all_reduce_worker, world_size, local_init_method(), sizes, reps))
 
 def _all_reduce_worker(rank, world_size, init_method, sizes, reps):
-    """One process of time_all_reduce: time each size in alternating rounds; return the slowest rank's medians.
+    """One process of time_all_reduce: its seconds for each size in alternating rounds.
 
     Defined in :numref:`sec_cost_model`"""
     with process_group(rank, world_size, init_method) as device:
         bufs = [torch.zeros(n // 4, device=device) for n in sizes]
         for x in bufs:
             dist.all_reduce(x)  # untimed: the first call sets up buffers
-        seconds = torch.zeros(reps, len(bufs), dtype=torch.float64)
-        for r in range(reps):
-            order = range(len(bufs)) if r % 2 == 0 else range(len(bufs))[::-1]
-            for i in order:
-                dist.barrier()
-                began = time.perf_counter()
-                dist.all_reduce(bufs[i])
-                if device.type == 'cuda':
-                    torch.cuda.synchronize(device)
-                seconds[r, i] = time.perf_counter() - began
-        dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
-        return [statistics.median(col) for col in seconds.T.tolist()]
+        sync = (lambda: torch.cuda.synchronize(device)) \
+            if device.type == 'cuda' else (lambda: None)
+        return _alternating_rounds([lambda x=x: dist.all_reduce(x)
+                                    for x in bufs], reps, dist.barrier, sync)
 
 def ddp_buckets(num_bytes, bucket_cap_mb=25, first_bucket_mb=1):
     """Sizes in bytes of the gradient buckets DDP makes of `num_bytes`, ignoring parameter boundaries.
 
     Defined in :numref:`sec_cost_model`"""
     _check_cost_args(num_bytes, 1, 0, 0)
-    for name, value in (('bucket_cap_mb', bucket_cap_mb),
-                        ('first_bucket_mb', first_bucket_mb)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Real) \
-                or not math.isfinite(value) or value <= 0:
-            raise ValueError(f'{name} must be a finite number > 0, got '
-                             f'{value!r}')
+    _check_number('bucket_cap_mb', bucket_cap_mb, positive=True)
+    _check_number('first_bucket_mb', first_bucket_mb, positive=True)
     first = min(num_bytes, first_bucket_mb * 2 ** 20)
     buckets, rest = ([first] if first else []), num_bytes - first
     while rest > 0:
@@ -2085,16 +1803,7 @@ def predict_step_time(t_compute, num_bytes, k, alpha, beta, cores=None,
 
     Defined in :numref:`sec_cost_model`"""
     _check_cost_args(num_bytes, k, alpha, beta)
-    for name, value in (('t_compute', t_compute), ('cores', 1 if cores is None else cores),
-                        ('threads', threads), ('accumulate', accumulate)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Real) \
-                or not math.isfinite(value) or value <= 0:
-            raise ValueError(f'{name} must be a finite number > 0, got '
-                             f'{value!r}')
-    if isinstance(overlap, bool) or not isinstance(overlap, numbers.Real) \
-            or not 0 <= overlap <= 1:
-        raise ValueError(f'overlap is the hidden fraction of the allreduce '
-                         f'time, between 0 and 1; got {overlap!r}')
+    _check_step_args(t_compute, cores, threads, accumulate, overlap)
     # Processes taking turns on the CPU's cores; None: a device per process.
     share = 1.0 if cores is None else max(1.0, k * threads / cores)
     comm = sum(ring_allreduce_time(b, k, alpha, beta)
@@ -2125,7 +1834,6 @@ def _sgd_steps(net, optimizer, X, y, num_steps, accumulate=1, bf16=False):
     """Take `num_steps` SGD steps, each summing gradients of `accumulate` micro-batches (X, y).
 
     Defined in :numref:`sec_cost_model`"""
-    device_type = X.device.type
     for _ in range(num_steps):
         optimizer.zero_grad()
         for i in range(accumulate):
@@ -2133,13 +1841,26 @@ def _sgd_steps(net, optimizer, X, y, num_steps, accumulate=1, bf16=False):
             skip = net.no_sync() if i < accumulate - 1 and hasattr(
                 net, 'no_sync') else contextlib.nullcontext()
             with skip:
-                with torch.autocast(device_type, dtype=torch.bfloat16,
+                with torch.autocast(X.device.type, dtype=torch.bfloat16,
                                     enabled=bf16):
                     loss = F.cross_entropy(net(X), y)
                 loss.backward()
         optimizer.step()
-    if device_type == 'cuda':
+    if X.device.type == 'cuda':
         torch.cuda.synchronize(X.device)
+
+def _time_runs(runs, X, y, num_steps, warmup, reps, wait=lambda: None):
+    """This process's seconds per micro-batch of each (net, optimizer, config) in `runs`, in alternating rounds.
+
+    Defined in :numref:`sec_cost_model`"""
+    for net, optimizer, c in runs:  # untimed: DDP also settles its buckets
+        _sgd_steps(net, optimizer, X, y, warmup, c['accumulate'], c['bf16'])
+    jobs = [lambda r=r: _sgd_steps(r[0], r[1], X, y, num_steps,
+                                   r[2]['accumulate'], r[2]['bf16'])
+            for r in runs]
+    seconds = _alternating_rounds(jobs, reps, wait)
+    return [[s / (num_steps * c['accumulate'])
+             for s, (_, _, c) in zip(row, runs)] for row in seconds]
 
 def time_compute(model, batch_size, threads=None, num_steps=2, warmup=1,
                  reps=3, bf16=False):
@@ -2154,16 +1875,11 @@ def time_compute(model, batch_size, threads=None, num_steps=2, warmup=1,
     try:
         torch.manual_seed(0)
         net = cost_model_net(model).to(device)
-        optimizer = torch.optim.SGD(net.parameters(), lr=0.01)
-        X, y = timing_batch(batch_size)
-        X, y = X.to(device), y.to(device)
-        _sgd_steps(net, optimizer, X, y, warmup, bf16=bf16)
-        seconds = []
-        for _ in range(reps):
-            began = time.perf_counter()
-            _sgd_steps(net, optimizer, X, y, num_steps, bf16=bf16)
-            seconds.append((time.perf_counter() - began) / num_steps)
-        return statistics.median(seconds)
+        runs = [(net, torch.optim.SGD(net.parameters(), lr=0.01),
+                 dict(accumulate=1, bf16=bf16))]
+        X, y = (t.to(device) for t in timing_batch(batch_size))
+        return _slowest_medians([_time_runs(runs, X, y, num_steps, warmup,
+                                            reps)])[0]
     finally:
         torch.set_num_threads(saved_threads)
 
@@ -2178,18 +1894,25 @@ def _check_configs(configs):
         if not isinstance(c, dict) or set(c) - set(defaults):
             raise ValueError(f'each config must be a dict with keys among '
                              f'{sorted(defaults)}, got {c!r}')
-        c = dict(defaults, **c)
-        cost_model_net(c['model'])  # rejects an unknown model
-        if isinstance(c['accumulate'], bool) or not isinstance(
-                c['accumulate'], int) or c['accumulate'] < 1:
-            raise ValueError(f"accumulate must be an int >= 1, got "
-                             f"{c['accumulate']!r}")
-        ddp_buckets(1, c['bucket_cap_mb'])  # rejects a bucket size <= 0
-        out.append(c)
+        out.append(dict(defaults, **c))
+        cost_model_net(out[-1]['model'])  # rejects an unknown model
+        _check_int('accumulate', out[-1]['accumulate'], 1)
+        ddp_buckets(1, out[-1]['bucket_cap_mb'])  # rejects a size <= 0
     if not out:
-        raise ValueError('configs is empty; give at least one dict such as '
-                         "{'model': 'lenet'}")
+        raise ValueError("configs is empty; give dicts such as {'model': 'lenet'}")
     return out
+
+def _ddp_model(c, device):
+    """A seeded DDP model for config dict `c` on `device`, and its SGD optimizer.
+
+    Defined in :numref:`sec_cost_model`"""
+    torch.manual_seed(0)
+    net = DDP(cost_model_net(c['model']).to(device),
+              bucket_cap_mb=c['bucket_cap_mb'])
+    if c['compress']:  # bf16 needs NCCL; fp16 sends as many bytes
+        net.register_comm_hook(None, default_hooks.bf16_compress_hook
+            if device.type == 'cuda' else default_hooks.fp16_compress_hook)
+    return net, torch.optim.SGD(net.parameters(), lr=0.01)
 
 def time_ddp_configs(world_size, configs, global_batch, num_steps=2,
                      warmup=1, reps=3):
@@ -2199,44 +1922,435 @@ def time_ddp_configs(world_size, configs, global_batch, num_steps=2,
     configs = _check_configs(configs)
     _check_sizes([4], reps)
     local_batch_size(global_batch, world_size)  # fail here, not in a child
-    return spawn_ranks(_ddp_configs_worker, world_size, local_init_method(),
-                       configs, global_batch, num_steps, warmup, reps)[0]
+    return _slowest_medians(spawn_ranks(
+        _ddp_configs_worker, world_size, local_init_method(), configs,
+        global_batch, num_steps, warmup, reps))
 
 def _ddp_configs_worker(rank, world_size, init_method, configs, global_batch,
                         num_steps, warmup, reps):
-    """One process of time_ddp_configs: time each configuration in alternating rounds; return the slowest rank's medians.
+    """One process of time_ddp_configs: join the group, then time the configurations.
 
     Defined in :numref:`sec_cost_model`"""
-    with process_group(rank, world_size, init_method) as device:
-        share = local_batch_size(global_batch, world_size)
-        X, y = timing_batch(global_batch)
-        X = X[rank * share:(rank + 1) * share].to(device)
-        y = y[rank * share:(rank + 1) * share].to(device)
-        runs = []
-        for c in configs:
-            torch.manual_seed(0)
-            net = DDP(cost_model_net(c['model']).to(device),
-                      bucket_cap_mb=c['bucket_cap_mb'])
-            if c['compress']:
-                # The bf16 hook needs NCCL; under Gloo its fp16 twin sends
-                # the same two bytes per gradient.
-                hook = default_hooks.bf16_compress_hook \
-                    if device.type == 'cuda' else default_hooks.fp16_compress_hook
-                net.register_comm_hook(None, hook)
-            optimizer = torch.optim.SGD(net.parameters(), lr=0.01)
-            runs.append((net, optimizer, c))
-        for net, optimizer, c in runs:
-            _sgd_steps(net, optimizer, X, y, warmup, c['accumulate'], c['bf16'])
-        seconds = torch.zeros(reps, len(runs), dtype=torch.float64)
-        for r in range(reps):
-            order = range(len(runs)) if r % 2 == 0 else range(len(runs))[::-1]
-            for i in order:
-                net, optimizer, c = runs[i]
-                dist.barrier()
-                began = time.perf_counter()
-                _sgd_steps(net, optimizer, X, y, num_steps, c['accumulate'],
-                           c['bf16'])
-                seconds[r, i] = (time.perf_counter() - began) / (
-                    num_steps * c['accumulate'])
-        dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
-        return [statistics.median(col) for col in seconds.T.tolist()]
+    with process_group(rank, world_size, init_method):
+        return _time_configs(configs, global_batch, num_steps, warmup, reps,
+                             rank, world_size)
+
+def _time_configs(configs, global_batch, num_steps, warmup, reps, rank,
+                  world_size):
+    """This process's seconds per micro-batch of each configuration, in alternating rounds.
+
+    Defined in :numref:`sec_cost_model`"""
+    device = ddp_device(rank, world_size)
+    share = local_batch_size(global_batch, world_size)
+    X, y = (t[rank * share:(rank + 1) * share].to(device)
+            for t in timing_batch(global_batch))
+    runs = [(*_ddp_model(c, device), c) for c in configs]
+    # A single process has no group to wait for.
+    wait = dist.barrier if world_size > 1 else lambda: None
+    return _time_runs(runs, X, y, num_steps, warmup, reps, wait)
+
+import gzip
+import hashlib
+import http.client
+import os
+import sys
+import urllib.error
+import urllib.request
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+def _check_positive_int(value, name):
+    """Reject `value` unless it is a positive integer, naming it as `name`.
+
+    Defined in :numref:`sec_d2l_package`"""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f'{name} must be a positive integer, got {value!r}')
+
+def _check_gpu_index(i):
+    """Reject a GPU index that is not a non-negative integer, saying so.
+
+    Defined in :numref:`sec_d2l_package`"""
+    if isinstance(i, bool) or not isinstance(i, int) or i < 0:
+        raise ValueError(f'GPU index i must be a non-negative integer, got '
+                         f'{i!r}')
+
+def _check_num_devices(num_devices, name='num_devices'):
+    """Reject a device count that is not a positive integer, saying so.
+
+    Defined in :numref:`sec_d2l_package`"""
+    if isinstance(num_devices, bool) or not isinstance(num_devices, int) \
+            or num_devices < 1:
+        raise ValueError(f'{name} must be a positive integer (the number of '
+                         f'model copies), got {num_devices!r}')
+
+def _device_name(device):
+    """A short name for `device` and whether it is a GPU.
+
+    Defined in :numref:`sec_d2l_package`"""
+    return str(device), device.type == 'cuda'
+
+def _device_names(devices, num_asked):
+    """(name, is_gpu) for each of `devices`, or an error that says what is wrong.
+
+    Defined in :numref:`sec_d2l_package`"""
+    if isinstance(devices, (str, bytes)) or not hasattr(devices, '__len__') \
+            or len(devices) == 0:
+        raise ValueError('devices must be a non-empty list of devices, such '
+                         f'as d2l.try_gpus(2), got {devices!r}')
+    if num_asked is not None:
+        _check_num_devices(num_asked, 'num_asked')
+    named = []
+    for i, device in enumerate(devices):
+        try:
+            named.append(_device_name(device))
+        except (AttributeError, TypeError, ValueError, RuntimeError):
+            raise TypeError(f'devices[{i}] is not a device of this framework '
+                            f'({device!r}); build the list with '
+                            f'd2l.try_gpus(k)') from None
+    return named
+
+def _labels_and_predictions(y_hat, y, argmax):
+    """`y_hat` as N predicted labels and `y` as N labels, or a ValueError.
+
+    Defined in :numref:`sec_d2l_package`"""
+    for name, t in (('y_hat', y_hat), ('y', y)):
+        if not hasattr(t, 'shape') or not hasattr(t, 'reshape'):
+            raise TypeError(f'{name} must be a tensor of this framework, got '
+                            f'{type(t).__name__}')
+    y_hat_shape, y_shape = tuple(y_hat.shape), tuple(y.shape)
+    if len(y_hat_shape) == 2 and y_hat_shape[1] > 1:
+        y_hat = argmax(y_hat)
+    elif len(y_hat_shape) == 2 and y_hat_shape[1] == 1:
+        y_hat = y_hat.reshape((-1,))
+    if len(y_shape) == 2 and y_shape[1] == 1:
+        y = y.reshape((-1,))
+    if len(y_hat.shape) != 1 or len(y.shape) != 1 or \
+            y_hat.shape[0] != y.shape[0]:
+        raise ValueError(
+            f'accuracy needs y_hat of shape (N, num_classes) or (N,) and y of '
+            f'shape (N,) for the same N, got y_hat {y_hat_shape} and y '
+            f'{y_shape}')
+    return y_hat, y
+
+def _minibatches(data_iter):
+    """An iterator over `data_iter`, or a TypeError that names it.
+
+    Defined in :numref:`sec_d2l_package`"""
+    try:
+        return iter(data_iter)
+    except TypeError:
+        raise TypeError('data_iter must be an iterable of (X, y) minibatches, '
+                        f'got {type(data_iter).__name__}') from None
+
+def _fraction_correct(counts, data_iter):
+    """correct / examples of an Accumulator filled from `data_iter`, or a ValueError.
+
+    Defined in :numref:`sec_d2l_package`"""
+    if counts[1] == 0:
+        raise ValueError('data_iter yielded no examples: pass an iterator '
+                         'over at least one (X, y) minibatch, such as the '
+                         'test iterator of load_data_fashion_mnist')
+    return counts[0] / counts[1]
+
+def _check_sgd(params, lr, batch_size):
+    """Reject arguments of `sgd` that would corrupt the parameters, saying why.
+
+    Defined in :numref:`sec_d2l_package`"""
+    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or \
+            not lr >= 0 or lr == float('inf'):
+        raise ValueError(f'lr must be a finite non-negative number, got '
+                         f'{lr!r}')
+    if isinstance(batch_size, bool) or not isinstance(
+            batch_size, (int, float)) or not batch_size > 0:
+        raise ValueError(f'batch_size must be a positive number (the '
+                         f'examples the loss was summed over), got '
+                         f'{batch_size!r}')
+    params = list(params)
+    for i, param in enumerate(params):
+        if getattr(param, 'grad', None) is None:
+            raise ValueError(
+                f'params[{i}] has no gradient: compute the loss from it and '
+                f'call backward() before sgd (in MXNet, attach_grad() first)')
+    return params
+
+def _points(x, y, curves):
+    """The x and y values of one `Animator.add` call, one per curve.
+
+    Defined in :numref:`sec_d2l_package`"""
+    ys = list(y) if hasattr(y, '__len__') else [y]
+    xs = list(x) if hasattr(x, '__len__') else [x] * len(ys)
+    if len(xs) != len(ys):
+        raise ValueError(f'x has {len(xs)} values but y has {len(ys)}; '
+                         f'give one x, or one x per curve')
+    if curves is not None and len(ys) != len(curves):
+        raise ValueError(f'this animator draws {len(curves)} curves, got '
+                         f'{len(ys)} values in y')
+    return xs, ys
+
+def _check_loader_args(batch_size, resize):
+    """Reject a batch size or resize target that cannot work, saying why.
+
+    Defined in :numref:`sec_d2l_package`"""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or \
+            batch_size < 1:
+        raise ValueError(
+            f'batch_size must be a positive integer, got {batch_size!r}')
+    if resize is None:
+        return None
+    size = (resize, resize) if isinstance(resize, int) else tuple(resize)
+    if len(size) != 2 or not all(isinstance(s, int) and s > 0 for s in size):
+        raise ValueError(f'resize must be a positive integer or a (height, '
+                         f'width) pair of them, got {resize!r}')
+    return size
+
+def use_svg_display():
+    """Make Jupyter render matplotlib figures as SVG.
+
+    Defined in :numref:`sec_d2l_package`"""
+    try:
+        from matplotlib_inline import backend_inline
+        backend_inline.set_matplotlib_formats('svg')
+    except ImportError:  # not running under IPython: nothing to configure
+        pass
+
+def in_notebook():
+    """Whether the code runs inside a Jupyter kernel that can show figures.
+
+    Defined in :numref:`sec_d2l_package`"""
+    shell = sys.modules.get('IPython')
+    shell = shell.get_ipython() if shell else None
+    return shell is not None and 'IPKernelApp' in shell.config
+
+def add_to_class(Class):
+    """Decorator: attach the function below it to `Class` as a method.
+
+    Defined in :numref:`sec_d2l_package`"""
+    def attach(method):
+        setattr(Class, method.__name__, method)
+    return attach
+
+FASHION_MNIST_SHA256 = {  # of the unpacked IDX bytes, so any gzip wrapping verifies
+    'train-images-idx3-ubyte':
+    'c59f468a2f672dc815687fe0f83887768d799fd8a3f3276145d20f83aa44d888',
+    'train-labels-idx1-ubyte':
+    'bad3541b69d912435c50bb6ba87bec294ff4f6a2e1246121d8633921760443d9',
+    't10k-images-idx3-ubyte':
+    '5b4141f0afbad91edebe8549f8fcffe087ea10ca49f1dbef5c9a5cd8815ce37b',
+    't10k-labels-idx1-ubyte':
+    '0402a96d92fd2663957122ceb108a494c5af83dab82d92729df917d7dec38c34'}
+
+FASHION_MNIST_MIRROR = 'http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/'
+
+FASHION_MNIST_SYSTEM_DIR = '/usr/share/datasets/fashion-mnist'
+
+class DatasetError(RuntimeError):
+    """A dataset file is missing, damaged or cannot be downloaded.
+
+    Defined in :numref:`sec_d2l_package`"""
+
+def fashion_mnist_dirs():
+    """Folders searched for Fashion-MNIST, in order, and the one downloads go to.
+
+    Defined in :numref:`sec_d2l_package`"""
+    env_dir = os.environ.get('D2L_DATA_DIR', '').strip()
+    env_dir = os.path.abspath(os.path.expanduser(env_dir)) if env_dir else ''
+    cache_root = os.environ.get('XDG_CACHE_HOME', '').strip() or \
+        os.path.join(os.path.expanduser('~'), '.cache')
+    cache_dir = os.path.join(os.path.abspath(cache_root), 'd2l',
+                             'fashion-mnist')
+    search = ([env_dir] if env_dir else []) + [cache_dir,
+                                               FASHION_MNIST_SYSTEM_DIR]
+    return search, env_dir or cache_dir
+
+_SAID = set()
+
+def _say_once(message):
+    """Print `message` the first time this process has it to say, on rank 0 only.
+
+    Defined in :numref:`sec_d2l_package`"""
+    # Launchers give every process of a job its rank; a report from each of
+    # eight processes would bury the one that matters.
+    rank = os.environ.get('RANK', os.environ.get('PADDLE_TRAINER_ID', '0'))
+    if message not in _SAID:
+        _SAID.add(message)
+        if rank.strip() in ('', '0'):
+            print(message)
+
+def _unpack_and_check(path, name, raw):
+    """Unpack `raw` bytes read from `path` and verify them against the known hash.
+
+    Defined in :numref:`sec_d2l_package`"""
+    expected = FASHION_MNIST_SHA256[name]
+    try:
+        data = gzip.decompress(raw) if path.endswith('.gz') else raw
+    except (OSError, EOFError) as err:  # bad gzip stream or cut-off file
+        raise DatasetError(
+            f'{path} is not a complete gzip file ({err}). Delete it and run '
+            f'again; its unpacked contents should have SHA-256 {expected}.'
+        ) from None
+    actual = hashlib.sha256(data).hexdigest()
+    if actual != expected:
+        raise DatasetError(
+            f'{path} is corrupt or truncated: its unpacked contents have '
+            f'SHA-256 {actual}, expected {expected}. Delete it and run again.')
+    return data
+
+def _find_idx_file(name, search):
+    """Path of the first copy of `name` (packed or not) in `search`, or None.
+
+    Defined in :numref:`sec_d2l_package`"""
+    for folder in search:
+        for path in (os.path.join(folder, name + '.gz'),
+                     os.path.join(folder, name)):
+            if os.path.isfile(path):
+                return path
+    return None
+
+class _FileLock:
+    """Hold an exclusive lock on `path`, so that one process at a time downloads."""
+    def __init__(self, path):
+        """Defined in :numref:`sec_d2l_package`"""
+        self.path = path
+
+    def __enter__(self):
+        self.file = open(self.path, 'a')
+        try:
+            import fcntl
+        except ImportError:  # Windows: no lock, but atomic renames keep files whole
+            return self
+        fcntl.flock(self.file, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc):
+        # Removing the file while holding it is safe: a process that wakes up
+        # on it looks for the data again before it downloads anything.
+        try:
+            os.remove(self.path)
+        except OSError:
+            pass
+        self.file.close()
+
+def _write_atomically(path, raw):
+    """Write `raw` to `path` by renaming a finished temporary file.
+
+    Defined in :numref:`sec_d2l_package`"""
+    tmp = f'{path}.part-{os.getpid()}'
+    try:
+        with open(tmp, 'wb') as f:
+            f.write(raw)
+        os.replace(tmp, path)  # readers never see a half-written file
+    finally:
+        if os.path.exists(tmp):  # the disk filled up or we were interrupted
+            os.remove(tmp)
+    return path
+
+def _download_fashion_mnist(name, target_dir):
+    """Fetch `name`.gz from the mirror into `target_dir`, verified, written atomically.
+
+    Defined in :numref:`sec_d2l_package`"""
+    url = os.environ.get('D2L_FASHION_MNIST_MIRROR',
+                         FASHION_MNIST_MIRROR).rstrip('/') + f'/{name}.gz'
+    remedies = (
+        f'(1) set D2L_DATA_DIR to a folder holding the four Fashion-MNIST '
+        f'files; (2) install the Debian package: sudo apt-get install '
+        f'dataset-fashion-mnist; (3) connect to the internet so the files '
+        f'can be downloaded into {target_dir}.')
+    try:
+        with urllib.request.urlopen(url, timeout=30) as response:
+            raw = response.read()
+    except (http.client.IncompleteRead, ConnectionError) as err:
+        raise DatasetError(
+            f'The download of Fashion-MNIST file {name} from {url} was cut '
+            f'off ({type(err).__name__}: {err}); nothing was saved. Run '
+            f'again to retry. If it keeps failing: {remedies}') from None
+    except (urllib.error.URLError, http.client.HTTPException, OSError,
+            ValueError) as err:
+        reason = getattr(err, 'reason', err)
+        raise DatasetError(
+            f'Fashion-MNIST file {name} was not found in any of: '
+            f'{", ".join(fashion_mnist_dirs()[0])}; downloading it from {url} '
+            f'failed ({reason}). Fix it in one of three ways: {remedies}'
+        ) from None
+    _unpack_and_check(url, name, raw)
+    return _write_atomically(os.path.join(target_dir, f'{name}.gz'), raw)
+
+def read_idx_file(name):
+    """Find, verify and parse one Fashion-MNIST IDX file into a NumPy array.
+
+    Defined in :numref:`sec_d2l_package`"""
+    if name not in FASHION_MNIST_SHA256:
+        raise ValueError(f'name must be one of {sorted(FASHION_MNIST_SHA256)}'
+                         f', got {name!r}')
+    search, target_dir = fashion_mnist_dirs()
+    path = _find_idx_file(name, search)
+    if path is None:
+        os.makedirs(target_dir, exist_ok=True)
+        with _FileLock(os.path.join(target_dir, f'{name}.gz.lock')):
+            # Another process may have downloaded it while we waited.
+            path = _find_idx_file(name, search) or \
+                _download_fashion_mnist(name, target_dir)
+    with open(path, 'rb') as f:
+        data = _unpack_and_check(path, name, f.read())
+    _say_once(f'Fashion-MNIST files from {os.path.dirname(path)}')
+    # NumPy proper in every framework's module (MXNet's np cannot view bytes).
+    import numpy
+
+    # IDX header: two zero bytes, a type code (8 = uint8), the number of
+    # dimensions, then one big-endian 32-bit size per dimension.
+    ndim = data[3]
+    shape = tuple(int.from_bytes(data[4 + 4 * i:8 + 4 * i], 'big')
+                  for i in range(ndim))
+    return numpy.frombuffer(data, 'uint8',
+                            offset=4 + 4 * ndim).reshape(shape)
+
+def balanced_subset(labels, per_class):
+    """Indices of the first `per_class` examples of each class, in file order.
+
+    Defined in :numref:`sec_d2l_package`"""
+    _check_positive_int(per_class, 'per_class')
+    picks = [(labels == c).nonzero()[0][:per_class].tolist()
+             for c in sorted(set(labels.tolist()))]
+    return sorted(i for pick in picks for i in pick)
+
+_FASHION_MNIST_CACHE = {}
+
+def fashion_mnist_arrays(split, quick):
+    """Images (float32, N x 1 x 28 x 28, in [0, 1]) and labels (int64) of `split`.
+
+    Defined in :numref:`sec_d2l_package`"""
+    if split not in ('train', 'test'):
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+    if split not in _FASHION_MNIST_CACHE:
+        prefix = 'train' if split == 'train' else 't10k'
+        images = read_idx_file(f'{prefix}-images-idx3-ubyte')
+        labels = read_idx_file(f'{prefix}-labels-idx1-ubyte')
+        _FASHION_MNIST_CACHE[split] = images, labels
+    images, labels = _FASHION_MNIST_CACHE[split]
+    if quick:
+        keep = balanced_subset(labels, QUICK_PER_CLASS[split])
+        images, labels = images[keep], labels[keep]
+    images = images.reshape(-1, 1, 28, 28).astype('float32') / 255
+    return images, labels.astype('int64')
+
+def describe_mode(quick, n_train, n_test):
+    """One line saying which data the loader serves, and how to change it.
+
+    Defined in :numref:`sec_d2l_package`"""
+    if quick:
+        why = ('D2L_QUICK=1' if os.environ.get('D2L_QUICK', '').strip()
+               else 'no GPU found')
+        return (f'Fashion-MNIST, quick mode ({why}; set D2L_QUICK=0 for the '
+                f'full data): {n_train} training and {n_test} test images')
+    return (f'Fashion-MNIST, full mode: {n_train} training and {n_test} '
+            f'test images')
+
+def _collate_resized(batch, size):
+    """Stack (image, label) pairs into a minibatch, resizing images if asked.
+
+    Defined in :numref:`sec_d2l_package`"""
+    X = torch.stack([x for x, _ in batch])
+    y = torch.stack([t for _, t in batch])
+    if size is not None:
+        X = F.interpolate(X, size=size, mode='bilinear', align_corners=False)
+    return X, y

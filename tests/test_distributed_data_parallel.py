@@ -289,7 +289,7 @@ def test_notebook_multi_process_cells_pass_repeatedly_in_one_kernel(ddp,
     cells = multi_process_cells(framework)
     assert any('_all_reduce_demo' in code for code in cells)  # process groups
     assert any('_skew_demo' in code for code in cells)  # DDP
-    repeats = int(os.environ.get('D2L_DDP_KERNEL_REPEATS', '3'))
+    repeats = int(os.environ.get('D2L_DDP_KERNEL_REPEATS', '2'))
     assert run_in_one_kernel(framework, repeats) == []
 
 
