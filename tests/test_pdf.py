@@ -171,3 +171,15 @@ def test_each_frameworks_pdf_shows_its_own_code(tab):
     assert lines, f'no section has {tab} code'
     missing = [line for line in lines if squash(line) not in flat]
     assert missing == [], f'{tab} code missing from {path.name}'
+
+
+def test_pdf_leaves_out_the_code_of_hidden_cells(text):
+    """d2lbook drops `#@hide` cells (argument checks, framework workarounds) from the PDF."""
+    flat = squash(text)
+    hidden = [name for md in sources() for cell in CELL.findall(md.read_text())
+              if re.search(r'^#@hide\s*$', cell, re.M) and TABS[0] in cell_tabs(
+                  '\n'.join(l for l in cell.splitlines() if not l.startswith('#@hide')))
+              for name in re.findall(r'^def (\w+)\(', cell, re.M)]
+    assert hidden, 'no #@hide cell in the first tab: this test would check nothing'
+    shown = [name for name in hidden if f'def {name}(' in flat]
+    assert shown == [], 'hidden cells appear in the PDF'

@@ -414,3 +414,30 @@ def test_each_section_says_once_where_its_outputs_come_from(html_dir, page_path)
     assert notes == 1, f'{page_path} has {notes} notes on where its outputs come from, not one'
     assert re.search(r'(Full-mode run|Quick run by the book build) on .+, \d{4}-\d\d-\d\d:', text), (
         f'{page_path} does not say on which devices and when its outputs were computed')
+
+
+def hidden_definitions(md):
+    """Functions defined in the page's `#@hide` cells, which the rendered page must not show."""
+    names = []
+    for cell in re.findall(r'^```\{\.python \.input\}\n(.*?)^```', md, re.M | re.S):
+        if re.search(r'^#@hide\s*$', cell, re.M):
+            names += re.findall(r'^def (\w+)\(', cell, re.M)
+    return names
+
+
+HIDDEN = [(md.relative_to(ROOT).with_suffix('.html').as_posix(), name)
+          for md in sorted(ROOT.glob('chapter_*/*.md'))
+          for name in hidden_definitions(md.read_text())]
+
+
+def test_some_pages_hide_cells():
+    assert HIDDEN, 'no page has a #@hide cell: the check below would test nothing'
+
+
+@pytest.mark.parametrize('page_path,name', HIDDEN)
+def test_a_hidden_cell_runs_but_its_code_stays_off_the_page(html_dir, page_path, name):
+    """d2lbook drops `#@hide` cells from the HTML; the notebooks and `d2l` keep them."""
+    assert f'def {name}(' not in page_text(html_dir / page_path)
+    module = (ROOT / 'd2l' / 'torch.py').read_text() + (ROOT / 'd2l' / 'paddle.py').read_text() \
+        + (ROOT / 'd2l' / 'mxnet.py').read_text()
+    assert f'def {name}(' in module, f'{name} is hidden but not saved into d2l'
