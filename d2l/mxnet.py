@@ -275,125 +275,77 @@ class Residual(nn.Block):
             X = self.shortcut(X)
         return npx.relu(Y + X)
 
-LENET_SHAPES = [  # weights are (outputs, inputs[, height, width]); biases follow
-    (6, 1, 5, 5), (6,),      # convolution: 1 -> 6 channels, 5 x 5 kernels
-    (16, 6, 5, 5), (16,),    # convolution: 6 -> 16 channels, 5 x 5 kernels
-    (120, 400), (120,),      # dense: 16 x 5 x 5 = 400 inputs -> 120 units
-    (84, 120), (84,),        # dense: 120 -> 84 units
-    (10, 84), (10,)]         # dense: 84 -> 10 class scores
+import contextlib
+import numpy
+
+_to = lambda x, device: x.as_in_ctx(device)
+_copy = lambda x, device: x.copyto(device)  # always a new array
+_track = lambda x: x.attach_grad()
+_on = lambda device: contextlib.nullcontext()  # work runs where its data is
+_no_grad, _record = contextlib.nullcontext, autograd.record
+_device_of = lambda x: x.ctx
+_tensor = lambda a, device=npx.cpu(): np.array(a, ctx=device)
+_log_softmax = lambda Z: npx.log_softmax(Z, axis=1)
+_pick = lambda A, y: npx.pick(A, y.reshape(-1), axis=1)
+
+def _require(ok, message):
+    """Raise ValueError with `message` (what to pass instead) unless `ok`.
+
+    Defined in :numref:`sec_multi_gpu`"""
+    if not ok:
+        raise ValueError(message)
+
+def _is_count(value, least=0):
+    """Whether `value` is an integer (not a bool) of at least `least`.
+
+    Defined in :numref:`sec_multi_gpu`"""
+    return (not isinstance(value, bool) and hasattr(value, '__index__')
+            and value >= least)
 
 def _check_seed(seed):
     """Raise ValueError, saying what to pass, unless `seed` is a non-negative integer.
 
     Defined in :numref:`sec_multi_gpu`"""
-    if isinstance(seed, bool) or not hasattr(seed, '__index__') or seed < 0:
-        raise ValueError(f'seed must be a non-negative integer such as 0; '
-                         f'got {seed!r}')
-
-def lenet_init_arrays(seed=0):
-    """LeNet's initial values as NumPy arrays: He-scaled normal weights, zero biases.
-
-    Defined in :numref:`sec_multi_gpu`"""
-    _check_seed(seed)
-    rng = onp.random.default_rng(seed)
-    arrays = []
-    for shape in LENET_SHAPES:
-        if len(shape) == 1:
-            arrays.append(onp.zeros(shape, onp.float32))
-        else:
-            fan_in = int(onp.prod(shape[1:]))
-            weights = rng.standard_normal(shape) * onp.sqrt(2 / fan_in)
-            arrays.append(weights.astype(onp.float32))
-    return arrays
+    _require(_is_count(seed), f'seed must be a non-negative integer such as 0; got {seed!r}')
 
 def _check_lenet_args(X, params):
     """Raise ValueError, saying what to pass, unless `X` and `params` fit LeNet.
 
     Defined in :numref:`sec_multi_gpu`"""
-    if not hasattr(X, 'shape') or tuple(X.shape[1:]) != (1, 28, 28):
-        shape = tuple(X.shape) if hasattr(X, 'shape') else type(X).__name__
-        raise ValueError(f'X must be a batch of 28 x 28 grayscale images, '
-                         f'shape (examples, 1, 28, 28); got {shape}')
-    if not isinstance(params, (list, tuple)) or len(params) != len(LENET_SHAPES):
-        got = len(params) if isinstance(params, (list, tuple)) else params
-        raise ValueError(f'params must be a list of LeNet\'s '
-                         f'{len(LENET_SHAPES)} tensors, as lenet_params() '
-                         f'returns; got {got!r:.60}')
+    shape = tuple(X.shape) if hasattr(X, 'shape') else type(X).__name__
+    _require(shape[1:] == (1, 28, 28), 'X must be a batch of 28 x 28 grayscale '
+             f'images, shape (examples, 1, 28, 28); got {shape}')
+    n = len(params) if isinstance(params, (list, tuple)) else None
+    _require(n == len(LENET_SHAPES), f"params must be a list of LeNet's {len(LENET_SHAPES)}"
+             f' tensors, as lenet_params() returns; got {n or params!r:.60}')
     for i, (p, shape) in enumerate(zip(params, LENET_SHAPES)):
-        if tuple(p.shape) != shape:
-            raise ValueError(f'params[{i}] has shape {tuple(p.shape)} but '
-                             f'LeNet needs {shape}; use lenet_params()')
-
-def lenet_params(seed=0):
-    """LeNet's initial parameters as a list of CPU arrays (same values in every framework).
-
-    Defined in :numref:`sec_multi_gpu`"""
-    return [np.array(a, ctx=npx.cpu()) for a in lenet_init_arrays(seed)]
-
-def lenet(X, params):
-    """LeNet-style convnet on raw parameters: two conv/pool stages, three dense layers.
-
-    Defined in :numref:`sec_multi_gpu`"""
-    _check_lenet_args(X, params)
-    W1, b1, W2, b2, W3, b3, W4, b4, W5, b5 = params
-    H = npx.convolution(X, W1, b1, kernel=(5, 5), pad=(2, 2),
-                        num_filter=W1.shape[0])
-    H = npx.pooling(npx.relu(H), kernel=(2, 2), stride=(2, 2),
-                    pool_type='max')                             # 6 x 14 x 14
-    H = npx.convolution(H, W2, b2, kernel=(5, 5), num_filter=W2.shape[0])
-    H = npx.pooling(npx.relu(H), kernel=(2, 2), stride=(2, 2),
-                    pool_type='max')                             # 16 x 5 x 5
-    H = H.reshape(H.shape[0], -1)
-    H = npx.relu(np.dot(H, W3.T) + b3)
-    H = npx.relu(np.dot(H, W4.T) + b4)
-    return np.dot(H, W5.T) + b5
+        _require(tuple(p.shape) == shape, f'params[{i}] has shape '
+                 f'{tuple(p.shape)} but LeNet needs {shape}; use lenet_params()')
 
 def _check_scores_and_labels(y_hat, y):
     """Raise ValueError, saying what to pass, unless `y` holds one class per row of `y_hat`.
 
     Defined in :numref:`sec_multi_gpu`"""
-    if len(y_hat.shape) != 2:
-        raise ValueError(f'y_hat must hold one row of class scores per '
-                         f'example, shape (examples, classes); got shape '
-                         f'{tuple(y_hat.shape)}')
+    _require(len(y_hat.shape) == 2, 'y_hat must hold one row of class scores per '
+             f'example, shape (examples, classes); got {tuple(y_hat.shape)}')
     n, num_classes = y_hat.shape
-    if tuple(y.shape) not in ((n,), (n, 1)):
-        raise ValueError(f'y must hold one label per row of y_hat, shape '
-                         f'({n},); got shape {tuple(y.shape)}')
-    if n and (int(y.min()) < 0 or int(y.max()) >= num_classes):
-        raise ValueError(f'y holds labels from {int(y.min())} to '
-                         f'{int(y.max())}, but y_hat scores classes 0 to '
-                         f'{num_classes - 1}; pass labels in that range')
-
-def cross_entropy_sum(y_hat, y):
-    """Cross-entropy of class scores `y_hat` against integer labels, summed over examples.
-
-    Defined in :numref:`sec_multi_gpu`"""
-    _check_scores_and_labels(y_hat, y)
-    log_probs = npx.log_softmax(y_hat, axis=1)
-    return -npx.pick(log_probs, y.reshape(-1), axis=1).sum()
+    _require(tuple(y.shape) in ((n,), (n, 1)), 'y must hold one label per row of '
+             f'y_hat, shape ({n},); got shape {tuple(y.shape)}')
+    # MXNet clips labels out of range, Paddle reads negative ones from the end
+    low, high = (int(y.min()), int(y.max())) if n else (0, 0)
+    _require(0 <= low and high < num_classes, f'y holds labels from {low} to '
+             f'{high}, but y_hat scores classes 0 to {num_classes - 1}; pass '
+             'labels in that range')
 
 def _check_arrays(arrays, name):
     """Raise ValueError, saying what to pass, unless `arrays` is a non-empty list of arrays.
 
     Defined in :numref:`sec_multi_gpu`"""
-    if not isinstance(arrays, (list, tuple)) or not arrays:
-        raise ValueError(f'{name} must be a non-empty list of arrays; got '
-                         f'{arrays!r:.60}')
+    _require(isinstance(arrays, (list, tuple)) and arrays, f'{name} must be a '
+             f'non-empty list of arrays; got {arrays!r:.60}')
     for i, x in enumerate(arrays):
-        if not hasattr(x, 'shape'):
-            raise ValueError(f'{name}[{i}] is {x!r:.40}, not an array (a '
-                             f'gradient is None until a backward pass ran)')
-
-def get_params(params, device):
-    """Copy `params` to `device` as new arrays that record their gradients.
-
-    Defined in :numref:`sec_multi_gpu`"""
-    _check_arrays(params, 'params')
-    copies = [p.copyto(device) for p in params]  # always a fresh array
-    for p in copies:
-        p.attach_grad()
-    return copies
+        _require(hasattr(x, 'shape'), f'{name}[{i}] is {x!r:.40}, not an array '
+                 '(a gradient is None until a backward pass ran)')
 
 def _check_reduce_args(data, devices):
     """Raise ValueError, saying what to pass, unless `data` and `devices` suit an allreduce.
@@ -401,24 +353,110 @@ def _check_reduce_args(data, devices):
     Defined in :numref:`sec_multi_gpu`"""
     _check_arrays(data, 'data')
     shapes = [tuple(x.shape) for x in data]
-    if any(shape != shapes[0] for shape in shapes):
-        raise ValueError(f'data holds arrays of different shapes {shapes}; '
-                         f'pass the same-shaped arrays of one parameter, one '
-                         f'per device')
-    if devices is not None and not isinstance(devices, (list, tuple)):
-        raise ValueError(f'devices must be a list with one device per array, '
-                         f'or None; got {devices!r:.60}')
-    if devices is not None and len(devices) != len(data):
-        raise ValueError(f'devices names {len(devices)} devices for '
-                         f'{len(data)} arrays in data; pass one device per '
-                         f'array, or None')
+    _require(all(shape == shapes[0] for shape in shapes), f'data holds arrays of '
+             f'different shapes {shapes}; pass the same-shaped arrays of one '
+             'parameter, one per device')
+    _require(devices is None or (isinstance(devices, (list, tuple)) and len(
+        devices) == len(data)), 'devices must be a list with one device per '
+        f'array of data ({len(data)}), or None; got {devices!r:.60}')
 
 def _reduce_devices(data, devices):
-    """Check an allreduce's arguments; return `devices`, or each array's context if None.
+    """Check an allreduce's arguments; return `devices`, or each array's device if None.
 
     Defined in :numref:`sec_multi_gpu`"""
     _check_reduce_args(data, devices)
-    return [x.ctx for x in data] if devices is None else list(devices)
+    return [_device_of(x) for x in data] if devices is None else list(devices)
+
+def _check_split(X, y, devices):
+    """Raise ValueError, saying what to change, if a batch cannot be split over the devices.
+
+    Defined in :numref:`sec_multi_gpu`"""
+    for name, a in (('X', X), ('y', y)):
+        _require(len(getattr(a, 'shape', ())), f'{name} must be an array with '
+                 f'one row per example; got {a!r:.60}')
+    _require(isinstance(devices, (list, tuple)), 'devices must be a list of '
+             f'devices such as d2l.try_gpus(2); got {devices!r:.60}')
+    n, k = X.shape[0], len(devices)
+    _require(n == y.shape[0], f'X holds {n} examples but y holds {y.shape[0]} '
+             'labels; pass one label per example')
+    _require(k >= 1, 'devices is empty; pass at least one device, e.g. d2l.try_gpus(1)')
+    _require(n >= k, f'cannot split {n} examples over {k} devices, each needs at '
+             f'least one; use a batch of at least {k} examples or fewer devices')
+
+def _check_replicas(device_params, devices):
+    """Raise ValueError, saying what to pass, unless there is one replica per device.
+
+    Defined in :numref:`sec_multi_gpu`"""
+    for name, value in (('device_params', device_params), ('devices', devices)):
+        _require(isinstance(value, (list, tuple)), f'{name} must be a list, one '
+                 f'entry per device; got {value!r:.60}')
+    _require(len(device_params) == len(devices), f'device_params holds '
+             f'{len(device_params)} replicas but devices names {len(devices)} '
+             'devices; build one replica per device with get_params')
+
+def _accuracy_of_counts(counts):
+    """Correct predictions over examples, or ValueError if no example was seen.
+
+    Defined in :numref:`sec_multi_gpu`"""
+    _require(counts[1] > 0, 'data_iter yielded no examples; pass an iterator '
+             'over at least one minibatch')
+    return counts[0] / counts[1]
+
+LENET_SHAPES = [  # weights are (outputs, inputs[, height, width]); biases follow
+    (6, 1, 5, 5), (6,),      # convolution: 1 -> 6 channels, 5 x 5 kernels
+    (16, 6, 5, 5), (16,),    # convolution: 6 -> 16 channels, 5 x 5 kernels
+    (120, 400), (120,),      # dense: 16 x 5 x 5 = 400 inputs -> 120 units
+    (84, 120), (84,),        # dense: 120 -> 84 units
+    (10, 84), (10,)]         # dense: 84 -> 10 class scores
+
+def lenet_init_arrays(seed=0):
+    """LeNet's initial values as NumPy arrays: He-scaled normal weights, zero biases.
+
+    Defined in :numref:`sec_multi_gpu`"""
+    _check_seed(seed)
+    rng = numpy.random.default_rng(seed)
+    return [numpy.zeros(shape, numpy.float32) if len(shape) == 1 else
+            (rng.standard_normal(shape) * numpy.sqrt(2 / numpy.prod(shape[1:])))
+            .astype(numpy.float32) for shape in LENET_SHAPES]
+
+def lenet_params(seed=0):
+    """LeNet's initial parameters as a list of CPU tensors (same values in every framework).
+
+    Defined in :numref:`sec_multi_gpu`"""
+    return [_tensor(a) for a in lenet_init_arrays(seed)]
+
+def lenet(X, params):
+    """LeNet-style convnet on raw parameters: two conv/pool stages, three dense layers.
+
+    Defined in :numref:`sec_multi_gpu`"""
+    _check_lenet_args(X, params)
+    W1, b1, W2, b2, W3, b3, W4, b4, W5, b5 = params
+    pool = lambda H: npx.pooling(npx.relu(H), kernel=(2, 2), stride=(2, 2),
+                                 pool_type='max')
+    H = pool(npx.convolution(X, W1, b1, kernel=(5, 5), pad=(2, 2),
+                             num_filter=6))                      # 6 x 14 x 14
+    H = pool(npx.convolution(H, W2, b2, kernel=(5, 5), num_filter=16))
+    H = H.reshape(H.shape[0], -1)                                # 16 x 5 x 5
+    H = npx.relu(np.dot(H, W3.T) + b3)
+    H = npx.relu(np.dot(H, W4.T) + b4)
+    return np.dot(H, W5.T) + b5
+
+def cross_entropy_sum(y_hat, y):
+    """Cross-entropy of class scores `y_hat` against integer labels, summed over examples.
+
+    Defined in :numref:`sec_multi_gpu`"""
+    _check_scores_and_labels(y_hat, y)
+    return -_pick(_log_softmax(y_hat), y).sum()
+
+def get_params(params, device):
+    """Copy `params` to `device` as new tensors that record their gradients.
+
+    Defined in :numref:`sec_multi_gpu`"""
+    _check_arrays(params, 'params')
+    copies = [_copy(p, device) for p in params]  # never shares memory with p
+    for p in copies:
+        _track(p)
+    return copies
 
 def allreduce(data, devices=None):
     """Sum same-shaped arrays held on different devices, writing the sum into each.
@@ -426,46 +464,22 @@ def allreduce(data, devices=None):
     Defined in :numref:`sec_multi_gpu`"""
     devices = _reduce_devices(data, devices)
     first = data[0]
-    for x in data[1:]:  # reduce: add every array into the first one
-        first[:] += x.as_in_ctx(devices[0])
-    for x, device in zip(data[1:], devices[1:]):  # broadcast the sum
-        x[:] = first.as_in_ctx(device)
+    with _no_grad():
+        for x in data[1:]:  # reduce: add every array into the first one
+            with _on(devices[0]):
+                first[:] += _to(x, devices[0])
+        for x, device in zip(data[1:], devices[1:]):  # broadcast the sum
+            with _on(device):
+                x[:] = _to(first, device)
 
 def shard_sizes(n, k):
     """Sizes of `k` nearly equal parts of `n` items; the first `n % k` get one more.
 
     Defined in :numref:`sec_multi_gpu`"""
     for name, value, least in (('n', n, 0), ('k', k, 1)):
-        if isinstance(value, bool) or not hasattr(value, '__index__') \
-                or value < least:
-            raise ValueError(f'{name} must be an integer of at least {least}; '
-                             f'got {value!r}')
+        _require(_is_count(value, least),
+                 f'{name} must be an integer of at least {least}; got {value!r}')
     return [n // k + (1 if i < n % k else 0) for i in range(k)]
-
-def _check_split(X, y, devices):
-    """Raise ValueError, saying what to change, if a batch cannot be split over the devices.
-
-    Defined in :numref:`sec_multi_gpu`"""
-    for name, array in (('X', X), ('y', y)):
-        if not hasattr(array, 'shape') or len(array.shape) == 0:
-            raise ValueError(f'{name} must be an array with one row per '
-                             f'example; got {array!r:.60}')
-    if not isinstance(devices, (list, tuple)):
-        raise ValueError(f'devices must be a list of devices such as '
-                         f'd2l.try_gpus(2); got {devices!r:.60}')
-    num_examples, num_labels = X.shape[0], y.shape[0]
-    num_devices = len(devices)
-    if num_examples != num_labels:
-        raise ValueError(f'X holds {num_examples} examples but y holds '
-                         f'{num_labels} labels; pass one label per example')
-    if num_devices < 1:
-        raise ValueError('devices is empty; pass at least one device, e.g. '
-                         'd2l.try_gpus(1)')
-    if num_examples < num_devices:
-        raise ValueError(f'cannot split {num_examples} examples over '
-                         f'{num_devices} devices, each needs at least one; '
-                         f'use a batch of at least {num_devices} examples '
-                         f'or fewer devices')
 
 def split_batch(X, y, devices):
     """Split examples `X` and labels `y` into one shard per device, placed there.
@@ -474,24 +488,10 @@ def split_batch(X, y, devices):
     _check_split(X, y, devices)
     X_shards, y_shards, start = [], [], 0
     for size, device in zip(shard_sizes(X.shape[0], len(devices)), devices):
-        X_shards.append(X[start:start + size].as_in_ctx(device))
-        y_shards.append(y[start:start + size].as_in_ctx(device))
+        X_shards.append(_to(X[start:start + size], device))
+        y_shards.append(_to(y[start:start + size], device))
         start += size
     return X_shards, y_shards
-
-def _check_replicas(device_params, devices):
-    """Raise ValueError, saying what to pass, unless there is one replica per device.
-
-    Defined in :numref:`sec_multi_gpu`"""
-    for name, value in (('device_params', device_params),
-                        ('devices', devices)):
-        if not isinstance(value, (list, tuple)):
-            raise ValueError(f'{name} must be a list, one entry per device; '
-                             f'got {value!r:.60}')
-    if len(device_params) != len(devices):
-        raise ValueError(f'device_params holds {len(device_params)} replicas '
-                         f'but devices names {len(devices)} devices; build '
-                         f'one replica per device with get_params')
 
 def train_batch(X, y, device_params, devices, lr, allreduce_fn=allreduce):
     """One data-parallel SGD step of LeNet: split, backward per device, sum, update.
@@ -499,25 +499,22 @@ def train_batch(X, y, device_params, devices, lr, allreduce_fn=allreduce):
     Defined in :numref:`sec_multi_gpu`"""
     _check_replicas(device_params, devices)
     X_shards, y_shards = split_batch(X, y, devices)
-    with autograd.record():
-        y_hats = [lenet(X_s, W) for X_s, W in zip(X_shards, device_params)]
-        losses = [cross_entropy_sum(y_hat, y_s)
-                  for y_hat, y_s in zip(y_hats, y_shards)]
-    for loss in losses:  # each device's backward pass fills its own .grad
-        loss.backward()
+    y_hats, losses = [], []
+    with _record():
+        for X_s, W, device in zip(X_shards, device_params, devices):
+            with _on(device):
+                y_hats.append(lenet(X_s, W))
+        for y_hat, y_s, device in zip(y_hats, y_shards, devices):
+            with _on(device):
+                losses.append(cross_entropy_sum(y_hat, y_s))
+    for loss, device in zip(losses, devices):
+        with _on(device):  # each backward pass fills its own replica's .grad
+            loss.backward()
     for i in range(len(device_params[0])):
         allreduce_fn([W[i].grad for W in device_params], devices)
-    for W in device_params:  # equal gradients keep the replicas equal
-        d2l.sgd(W, lr, X.shape[0])
-
-def _accuracy_of_counts(counts):
-    """Correct predictions over examples, or ValueError if no example was seen.
-
-    Defined in :numref:`sec_multi_gpu`"""
-    if counts[1] == 0:
-        raise ValueError('data_iter yielded no examples; pass an iterator '
-                         'over at least one minibatch')
-    return counts[0] / counts[1]
+    for W, device in zip(device_params, devices):
+        with _on(device):  # equal gradients keep the replicas equal
+            d2l.sgd(W, lr, X.shape[0])
 
 def evaluate_accuracy_replicas(device_params, data_iter, devices):
     """LeNet's accuracy on `data_iter`, each minibatch split over the replicas' devices.
@@ -525,13 +522,17 @@ def evaluate_accuracy_replicas(device_params, data_iter, devices):
     Defined in :numref:`sec_multi_gpu`"""
     _check_replicas(device_params, devices)
     counts = d2l.Accumulator(2)  # correct predictions, examples
-    for X, y in data_iter:
-        used = devices[:min(len(devices), X.shape[0])]  # short last batch
-        X_shards, y_shards = split_batch(X, y, used)
-        # Launch every device's forward pass before reading any result.
-        y_hats = [lenet(X_s, W) for X_s, W in zip(X_shards, device_params)]
-        for y_hat, y_s in zip(y_hats, y_shards):
-            counts.add(d2l.accuracy(y_hat, y_s), y_s.shape[0])
+    with _no_grad():
+        for X, y in data_iter:
+            used = devices[:min(len(devices), X.shape[0])]  # short last batch
+            X_shards, y_shards = split_batch(X, y, used)
+            y_hats = []  # launch every forward pass before reading a result
+            for X_s, W, device in zip(X_shards, device_params, used):
+                with _on(device):
+                    y_hats.append(lenet(X_s, W))
+            for y_hat, y_s, device in zip(y_hats, y_shards, used):
+                with _on(device):
+                    counts.add(d2l.accuracy(y_hat, y_s), y_s.shape[0])
     return _accuracy_of_counts(counts)
 
 def ring_allreduce(data, devices=None):
@@ -539,34 +540,70 @@ def ring_allreduce(data, devices=None):
 
     Defined in :numref:`sec_multi_gpu`"""
     devices = _reduce_devices(data, devices)
-    k, sizes = len(data), shard_sizes(data[0].size, len(data))
-    bounds = [sum(sizes[:c]) for c in range(k + 1)]
-    # reshape copies in MXNet's NumPy interface, but slices of a flat array
-    # are views: the ring works on flat copies, written back at the end.
-    flats = [x.reshape(-1) for x in data]
-    # chunks[i][c] is a view of chunk c of the flat copy on device i.
-    chunks = [[f[bounds[c]:bounds[c + 1]] for c in range(k)] for f in flats]
-    for step in range(k - 1):  # reduce-scatter: add what arrives
-        for i in range(k):
-            c, j = (i - step) % k, (i + 1) % k
-            chunks[j][c][:] += chunks[i][c].as_in_ctx(devices[j])
-    # Device i now holds the complete sum of chunk (i + 1) % k.
-    for step in range(k - 1):  # all-gather: overwrite with what arrives
-        for i in range(k):
-            c, j = (i + 1 - step) % k, (i + 1) % k
-            chunks[j][c][:] = chunks[i][c].as_in_ctx(devices[j])
-    for x, flat in zip(data, flats):
-        x[:] = flat.reshape(x.shape)
+    with _no_grad():
+        flats = []  # views of the arrays, or copies in MXNet's NumPy interface
+        for x, device in zip(data, devices):
+            with _on(device):
+                flats.append(x.reshape((-1,)))
+        k, sizes = len(data), shard_sizes(flats[0].shape[0], len(data))
+        bounds = [sum(sizes[:c]) for c in range(k + 1)]
+        # chunks[i][c] is a view of chunk c of the flat array on device i.
+        chunks = [[f[bounds[c]:bounds[c + 1]] for c in range(k)] for f in flats]
+        for step in range(k - 1):  # reduce-scatter: add what arrives
+            for i in range(k):
+                c, j = (i - step) % k, (i + 1) % k
+                with _on(devices[j]):
+                    chunks[j][c][:] += _to(chunks[i][c], devices[j])
+        # Device i now holds the complete sum of chunk (i + 1) % k.
+        for step in range(k - 1):  # all-gather: overwrite with what arrives
+            for i in range(k):
+                c, j = (i + 1 - step) % k, (i + 1) % k
+                with _on(devices[j]):
+                    chunks[j][c][:] = _to(chunks[i][c], devices[j])
+        for x, flat, device in zip(data, flats, devices):
+            with _on(device):  # a no-op where flat is a view of x
+                x[:] = flat.reshape(x.shape)
 
 def _check_resnet_args(num_classes, in_channels):
     """Reject a class or channel count that is not a positive integer, saying which.
 
     Defined in :numref:`sec_multi_gpu_concise`"""
-    for name, value in (('num_classes', num_classes),
-                        ('in_channels', in_channels)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(
-                f'{name} must be a positive integer, got {value!r}')
+    for name, value in (('num_classes', num_classes), ('in_channels', in_channels)):
+        d2l._require(isinstance(value, int) and d2l._is_count(value, 1),
+                     f'{name} must be a positive integer, got {value!r}')
+
+def _check_devices(devices):
+    """Reject an empty device list, saying how to get one.
+
+    Defined in :numref:`sec_multi_gpu_concise`"""
+    d2l._require(devices, f'devices is empty ({devices!r}); pass at least one '
+                 'device, e.g. d2l.try_gpus(1)')
+
+def _batches(data_iter, name):
+    """Iterate over `data_iter`, or say that argument `name` is no iterable.
+
+    Defined in :numref:`sec_multi_gpu_concise`"""
+    try:
+        return iter(data_iter)
+    except TypeError:
+        raise TypeError(f'{name} must be an iterable of (X, y) minibatches, '
+                        f'got {type(data_iter).__name__}') from None
+
+def _check_examples(num_examples, name):
+    """Reject an iterator `name` that yielded no examples.
+
+    Defined in :numref:`sec_multi_gpu_concise`"""
+    d2l._require(num_examples != 0, f'{name} yielded no examples; pass an '
+                 'iterator with at least one non-empty minibatch')
+
+def _check_step(X, y, devices):
+    """Reject a minibatch or device list that a training step cannot use.
+
+    Defined in :numref:`sec_multi_gpu_concise`"""
+    d2l._check_devices(devices)
+    d2l._require(X.shape[0] == y.shape[0], f'X holds {X.shape[0]} examples but '
+                 f'y holds {y.shape[0]} labels; pass one label per example')
+    d2l._require(X.shape[0] > 0, 'X is an empty minibatch; pass at least one example')
 
 def resnet18(num_classes, in_channels=1):
     """ResNet-18 for small images: 3x3 stem, no max-pooling, four stages of two residual blocks.
@@ -574,12 +611,10 @@ def resnet18(num_classes, in_channels=1):
     Defined in :numref:`sec_multi_gpu_concise`"""
     d2l._check_resnet_args(num_classes, in_channels)
     net = nn.Sequential()
-    # Stem for small images: one 3x3 convolution of stride 1, and no pooling.
     net.add(nn.Conv2D(64, kernel_size=3, padding=1, in_channels=in_channels),
             nn.BatchNorm(in_channels=64), nn.Activation('relu'))
     for in_c, out_c, downsample in [(64, 64, False), (64, 128, True),
                                     (128, 256, True), (256, 512, True)]:
-        # A stage's first block halves the resolution, widens the channels.
         net.add(d2l.Residual(in_c, out_c, use_1x1conv=downsample,
                              strides=2 if downsample else 1),
                 d2l.Residual(out_c, out_c))
@@ -596,31 +631,21 @@ def count_trainable_params(net):
     return sum(p.data().size for p in net.collect_params().values()
                if p.grad_req != 'null')
 
-def _check_devices(devices):
-    """Reject an empty device list, saying how to get one.
+def _accuracy_on_devices(forward, data_iter, split_f, devices):
+    """Fraction classified correctly when `forward(i, X_i)` scores shard i of each batch.
 
     Defined in :numref:`sec_multi_gpu_concise`"""
-    if not devices:
-        raise ValueError(f'devices is empty ({devices!r}); pass at least one '
-                         f'device, e.g. d2l.try_gpus(1)')
-
-def _batches(data_iter, name):
-    """Iterate over `data_iter`, or say that argument `name` is no iterable.
-
-    Defined in :numref:`sec_multi_gpu_concise`"""
-    try:
-        return iter(data_iter)
-    except TypeError:
-        raise TypeError(f'{name} must be an iterable of (X, y) minibatches, '
-                        f'got {type(data_iter).__name__}') from None
-
-def _check_examples(num_examples, name):
-    """Reject an iterator `name` that yielded no examples.
-
-    Defined in :numref:`sec_multi_gpu_concise`"""
-    if num_examples == 0:
-        raise ValueError(f'{name} yielded no examples; pass an iterator '
-                         f'with at least one non-empty minibatch')
+    counts = d2l.Accumulator(2)  # correct predictions, examples
+    for X, y in d2l._batches(data_iter, 'data_iter'):
+        k = min(len(devices), X.shape[0])
+        if k == 0:
+            continue
+        X_shards, y_shards = split_f(X, y, devices[:k])
+        y_hats = [forward(i, X_s) for i, X_s in enumerate(X_shards)]
+        for y_hat, y_s in zip(y_hats, y_shards):
+            counts.add(d2l.accuracy(y_hat, y_s), y_s.shape[0])
+    d2l._check_examples(counts[1], 'data_iter')
+    return counts[0] / counts[1]
 
 def evaluate_accuracy_gpus(net, data_iter, split_f=d2l.split_batch,
                            devices=None):
@@ -630,28 +655,8 @@ def evaluate_accuracy_gpus(net, data_iter, split_f=d2l.split_batch,
     if devices is None:  # every context that holds a copy of the parameters
         devices = list(net.collect_params().values())[0].list_ctx()
     d2l._check_devices(devices)
-    counts = d2l.Accumulator(2)  # correct predictions, examples
-    for X, y in d2l._batches(data_iter, 'data_iter'):
-        k = min(len(devices), X.shape[0])
-        if k == 0:
-            continue
-        X_shards, y_shards = split_f(X, y, devices[:k])
-        y_hats = [net(X_s) for X_s in X_shards]  # each uses its context's copy
-        for y_hat, y_s in zip(y_hats, y_shards):
-            counts.add(d2l.accuracy(y_hat, y_s), y_s.size)
-    d2l._check_examples(counts[1], 'data_iter')
-    return counts[0] / counts[1]
-
-def _check_step(X, y, devices):
-    """Reject a minibatch or device list that a training step cannot use.
-
-    Defined in :numref:`sec_multi_gpu_concise`"""
-    d2l._check_devices(devices)
-    if X.shape[0] != y.shape[0]:
-        raise ValueError(f'X holds {X.shape[0]} examples but y holds '
-                         f'{y.shape[0]} labels; pass one label per example')
-    if X.shape[0] == 0:
-        raise ValueError('X is an empty minibatch; pass at least one example')
+    return d2l._accuracy_on_devices(  # net uses each context's own copy
+        lambda i, X_i: net(X_i), data_iter, split_f, devices)
 
 def train_step_concise(net, X, y, loss, optimizer, devices):
     """One data-parallel SGD step on minibatch (X, y) over `devices`; returns the summed loss.
@@ -699,13 +704,7 @@ def _flat(x):
     Defined in :numref:`sec_sharded_data_parallel`"""
     return x.reshape(-1)
 
-def _copy(x, device):
-    """A new copy of `x` on `device`.
-
-    Defined in :numref:`sec_sharded_data_parallel`"""
-    return x.copyto(device)
-
-def _on(device):
+def _tensors_on(device):
     """A context in which new arrays are made on `device`.
 
     Defined in :numref:`sec_sharded_data_parallel`"""
@@ -729,11 +728,11 @@ def reduce_scatter(data):
     shards = []
     for i, x in enumerate(data):
         lo, hi, device = bounds[i], bounds[i + 1], _device(x)
-        with _on(device):
-            total = _copy(_flat(x)[lo:hi], device)
+        with _tensors_on(device):
+            total = d2l._copy(_flat(x)[lo:hi], device)
             for j, other in enumerate(data):
                 if j != i and hi > lo:  # MXNet cannot add empty arrays
-                    total += _copy(_flat(other)[lo:hi], device)  # shard i of j
+                    total += d2l._copy(_flat(other)[lo:hi], device)  # shard i of j
         shards.append(total)
     return shards
 
@@ -746,8 +745,8 @@ def all_gather(shards):
                          'one per device (flatten them first)')
     gathered = []
     for x in shards:
-        with _on(_device(x)):
-            gathered.append(_concat([_copy(s, _device(x)) for s in shards]))
+        with _tensors_on(_device(x)):
+            gathered.append(_concat([d2l._copy(s, _device(x)) for s in shards]))
     return gathered
 
 def unflatten(flat, shapes):
@@ -822,9 +821,9 @@ def zero_init(params, devices, stage):
     bounds = [0, *itertools.accumulate(shard_sizes(flat.shape[0], len(devices)))]
     states = []
     for i, device in enumerate(devices):
-        with _on(device):
-            mine = _copy(flat[bounds[i]:bounds[i + 1]], device)
-            full = mine if stage == 3 else _copy(flat, device)
+        with _tensors_on(device):
+            mine = d2l._copy(flat[bounds[i]:bounds[i + 1]], device)
+            full = mine if stage == 3 else d2l._copy(flat, device)
             states.append({'params': full,
                            'grads': _zeros_like(mine if stage >= 2 else full),
                            'momentum': _zeros_like(mine if stage >= 1 else full)})
@@ -858,7 +857,7 @@ def _zero_update(states, grads, owned, devices, stage, lr, momentum):
 
     Defined in :numref:`sec_sharded_data_parallel`"""
     for s, g, own, device in zip(states, grads, owned, devices):
-        with _on(device):
+        with _tensors_on(device):
             if stage == 1:  # the full-size buffer receives its shard
                 s['grads'][own] = g
             else:
@@ -872,7 +871,7 @@ def _zero_update(states, grads, owned, devices, stage, lr, momentum):
     if stage in (1, 2):  # everybody needs everybody's new parameters
         new = all_gather([s['params'][own] for s, own in zip(states, owned)])
         for s, w, device in zip(states, new, devices):
-            with _on(device):
+            with _tensors_on(device):
                 s['params'][:] = w
 
 def state_bytes(state):

@@ -279,6 +279,133 @@ class Residual(nn.Module):
             X = self.shortcut(X)
         return F.relu(Y + X)
 
+import contextlib
+import numpy
+
+_to = lambda x, device: x.to(device)
+_copy = lambda x, device: x.detach().to(device, copy=True)
+_track = lambda x: x.requires_grad_()
+_on = lambda device: contextlib.nullcontext()  # work runs where its data is
+_no_grad, _record = torch.no_grad, contextlib.nullcontext
+_device_of = lambda x: x.device
+_tensor = lambda a, device='cpu': torch.tensor(a, device=device)
+_log_softmax = lambda Z: F.log_softmax(Z, dim=1)
+_pick = lambda A, y: A.gather(1, y.reshape(-1, 1))
+
+def _require(ok, message):
+    """Raise ValueError with `message` (what to pass instead) unless `ok`.
+
+    Defined in :numref:`sec_multi_gpu`"""
+    if not ok:
+        raise ValueError(message)
+
+def _is_count(value, least=0):
+    """Whether `value` is an integer (not a bool) of at least `least`.
+
+    Defined in :numref:`sec_multi_gpu`"""
+    return (not isinstance(value, bool) and hasattr(value, '__index__')
+            and value >= least)
+
+def _check_seed(seed):
+    """Raise ValueError, saying what to pass, unless `seed` is a non-negative integer.
+
+    Defined in :numref:`sec_multi_gpu`"""
+    _require(_is_count(seed), f'seed must be a non-negative integer such as 0; got {seed!r}')
+
+def _check_lenet_args(X, params):
+    """Raise ValueError, saying what to pass, unless `X` and `params` fit LeNet.
+
+    Defined in :numref:`sec_multi_gpu`"""
+    shape = tuple(X.shape) if hasattr(X, 'shape') else type(X).__name__
+    _require(shape[1:] == (1, 28, 28), 'X must be a batch of 28 x 28 grayscale '
+             f'images, shape (examples, 1, 28, 28); got {shape}')
+    n = len(params) if isinstance(params, (list, tuple)) else None
+    _require(n == len(LENET_SHAPES), f"params must be a list of LeNet's {len(LENET_SHAPES)}"
+             f' tensors, as lenet_params() returns; got {n or params!r:.60}')
+    for i, (p, shape) in enumerate(zip(params, LENET_SHAPES)):
+        _require(tuple(p.shape) == shape, f'params[{i}] has shape '
+                 f'{tuple(p.shape)} but LeNet needs {shape}; use lenet_params()')
+
+def _check_scores_and_labels(y_hat, y):
+    """Raise ValueError, saying what to pass, unless `y` holds one class per row of `y_hat`.
+
+    Defined in :numref:`sec_multi_gpu`"""
+    _require(len(y_hat.shape) == 2, 'y_hat must hold one row of class scores per '
+             f'example, shape (examples, classes); got {tuple(y_hat.shape)}')
+    n, num_classes = y_hat.shape
+    _require(tuple(y.shape) in ((n,), (n, 1)), 'y must hold one label per row of '
+             f'y_hat, shape ({n},); got shape {tuple(y.shape)}')
+    # MXNet clips labels out of range, Paddle reads negative ones from the end
+    low, high = (int(y.min()), int(y.max())) if n else (0, 0)
+    _require(0 <= low and high < num_classes, f'y holds labels from {low} to '
+             f'{high}, but y_hat scores classes 0 to {num_classes - 1}; pass '
+             'labels in that range')
+
+def _check_arrays(arrays, name):
+    """Raise ValueError, saying what to pass, unless `arrays` is a non-empty list of arrays.
+
+    Defined in :numref:`sec_multi_gpu`"""
+    _require(isinstance(arrays, (list, tuple)) and arrays, f'{name} must be a '
+             f'non-empty list of arrays; got {arrays!r:.60}')
+    for i, x in enumerate(arrays):
+        _require(hasattr(x, 'shape'), f'{name}[{i}] is {x!r:.40}, not an array '
+                 '(a gradient is None until a backward pass ran)')
+
+def _check_reduce_args(data, devices):
+    """Raise ValueError, saying what to pass, unless `data` and `devices` suit an allreduce.
+
+    Defined in :numref:`sec_multi_gpu`"""
+    _check_arrays(data, 'data')
+    shapes = [tuple(x.shape) for x in data]
+    _require(all(shape == shapes[0] for shape in shapes), f'data holds arrays of '
+             f'different shapes {shapes}; pass the same-shaped arrays of one '
+             'parameter, one per device')
+    _require(devices is None or (isinstance(devices, (list, tuple)) and len(
+        devices) == len(data)), 'devices must be a list with one device per '
+        f'array of data ({len(data)}), or None; got {devices!r:.60}')
+
+def _reduce_devices(data, devices):
+    """Check an allreduce's arguments; return `devices`, or each array's device if None.
+
+    Defined in :numref:`sec_multi_gpu`"""
+    _check_reduce_args(data, devices)
+    return [_device_of(x) for x in data] if devices is None else list(devices)
+
+def _check_split(X, y, devices):
+    """Raise ValueError, saying what to change, if a batch cannot be split over the devices.
+
+    Defined in :numref:`sec_multi_gpu`"""
+    for name, a in (('X', X), ('y', y)):
+        _require(len(getattr(a, 'shape', ())), f'{name} must be an array with '
+                 f'one row per example; got {a!r:.60}')
+    _require(isinstance(devices, (list, tuple)), 'devices must be a list of '
+             f'devices such as d2l.try_gpus(2); got {devices!r:.60}')
+    n, k = X.shape[0], len(devices)
+    _require(n == y.shape[0], f'X holds {n} examples but y holds {y.shape[0]} '
+             'labels; pass one label per example')
+    _require(k >= 1, 'devices is empty; pass at least one device, e.g. d2l.try_gpus(1)')
+    _require(n >= k, f'cannot split {n} examples over {k} devices, each needs at '
+             f'least one; use a batch of at least {k} examples or fewer devices')
+
+def _check_replicas(device_params, devices):
+    """Raise ValueError, saying what to pass, unless there is one replica per device.
+
+    Defined in :numref:`sec_multi_gpu`"""
+    for name, value in (('device_params', device_params), ('devices', devices)):
+        _require(isinstance(value, (list, tuple)), f'{name} must be a list, one '
+                 f'entry per device; got {value!r:.60}')
+    _require(len(device_params) == len(devices), f'device_params holds '
+             f'{len(device_params)} replicas but devices names {len(devices)} '
+             'devices; build one replica per device with get_params')
+
+def _accuracy_of_counts(counts):
+    """Correct predictions over examples, or ValueError if no example was seen.
+
+    Defined in :numref:`sec_multi_gpu`"""
+    _require(counts[1] > 0, 'data_iter yielded no examples; pass an iterator '
+             'over at least one minibatch')
+    return counts[0] / counts[1]
+
 LENET_SHAPES = [  # weights are (outputs, inputs[, height, width]); biases follow
     (6, 1, 5, 5), (6,),      # convolution: 1 -> 6 channels, 5 x 5 kernels
     (16, 6, 5, 5), (16,),    # convolution: 6 -> 16 channels, 5 x 5 kernels
@@ -286,53 +413,21 @@ LENET_SHAPES = [  # weights are (outputs, inputs[, height, width]); biases follo
     (84, 120), (84,),        # dense: 120 -> 84 units
     (10, 84), (10,)]         # dense: 84 -> 10 class scores
 
-def _check_seed(seed):
-    """Raise ValueError, saying what to pass, unless `seed` is a non-negative integer.
-
-    Defined in :numref:`sec_multi_gpu`"""
-    if isinstance(seed, bool) or not hasattr(seed, '__index__') or seed < 0:
-        raise ValueError(f'seed must be a non-negative integer such as 0; '
-                         f'got {seed!r}')
-
 def lenet_init_arrays(seed=0):
     """LeNet's initial values as NumPy arrays: He-scaled normal weights, zero biases.
 
     Defined in :numref:`sec_multi_gpu`"""
     _check_seed(seed)
-    rng = np.random.default_rng(seed)
-    arrays = []
-    for shape in LENET_SHAPES:
-        if len(shape) == 1:
-            arrays.append(np.zeros(shape, np.float32))
-        else:
-            fan_in = int(np.prod(shape[1:]))
-            weights = rng.standard_normal(shape) * np.sqrt(2 / fan_in)
-            arrays.append(weights.astype(np.float32))
-    return arrays
-
-def _check_lenet_args(X, params):
-    """Raise ValueError, saying what to pass, unless `X` and `params` fit LeNet.
-
-    Defined in :numref:`sec_multi_gpu`"""
-    if not hasattr(X, 'shape') or tuple(X.shape[1:]) != (1, 28, 28):
-        shape = tuple(X.shape) if hasattr(X, 'shape') else type(X).__name__
-        raise ValueError(f'X must be a batch of 28 x 28 grayscale images, '
-                         f'shape (examples, 1, 28, 28); got {shape}')
-    if not isinstance(params, (list, tuple)) or len(params) != len(LENET_SHAPES):
-        got = len(params) if isinstance(params, (list, tuple)) else params
-        raise ValueError(f'params must be a list of LeNet\'s '
-                         f'{len(LENET_SHAPES)} tensors, as lenet_params() '
-                         f'returns; got {got!r:.60}')
-    for i, (p, shape) in enumerate(zip(params, LENET_SHAPES)):
-        if tuple(p.shape) != shape:
-            raise ValueError(f'params[{i}] has shape {tuple(p.shape)} but '
-                             f'LeNet needs {shape}; use lenet_params()')
+    rng = numpy.random.default_rng(seed)
+    return [numpy.zeros(shape, numpy.float32) if len(shape) == 1 else
+            (rng.standard_normal(shape) * numpy.sqrt(2 / numpy.prod(shape[1:])))
+            .astype(numpy.float32) for shape in LENET_SHAPES]
 
 def lenet_params(seed=0):
     """LeNet's initial parameters as a list of CPU tensors (same values in every framework).
 
     Defined in :numref:`sec_multi_gpu`"""
-    return [torch.from_numpy(a) for a in lenet_init_arrays(seed)]
+    return [_tensor(a) for a in lenet_init_arrays(seed)]
 
 def lenet(X, params):
     """LeNet-style convnet on raw parameters: two conv/pool stages, three dense layers.
@@ -342,131 +437,50 @@ def lenet(X, params):
     W1, b1, W2, b2, W3, b3, W4, b4, W5, b5 = params
     H = F.max_pool2d(F.relu(F.conv2d(X, W1, b1, padding=2)), 2)  # 6 x 14 x 14
     H = F.max_pool2d(F.relu(F.conv2d(H, W2, b2)), 2)             # 16 x 5 x 5
-    H = H.reshape(H.shape[0], -1)
+    H = H.reshape([H.shape[0], -1])
     H = F.relu(H @ W3.T + b3)
     H = F.relu(H @ W4.T + b4)
     return H @ W5.T + b5
-
-def _check_scores_and_labels(y_hat, y):
-    """Raise ValueError, saying what to pass, unless `y` holds one class per row of `y_hat`.
-
-    Defined in :numref:`sec_multi_gpu`"""
-    if len(y_hat.shape) != 2:
-        raise ValueError(f'y_hat must hold one row of class scores per '
-                         f'example, shape (examples, classes); got shape '
-                         f'{tuple(y_hat.shape)}')
-    n, num_classes = y_hat.shape
-    if tuple(y.shape) not in ((n,), (n, 1)):
-        raise ValueError(f'y must hold one label per row of y_hat, shape '
-                         f'({n},); got shape {tuple(y.shape)}')
-    if n and (int(y.min()) < 0 or int(y.max()) >= num_classes):
-        raise ValueError(f'y holds labels from {int(y.min())} to '
-                         f'{int(y.max())}, but y_hat scores classes 0 to '
-                         f'{num_classes - 1}; pass labels in that range')
 
 def cross_entropy_sum(y_hat, y):
     """Cross-entropy of class scores `y_hat` against integer labels, summed over examples.
 
     Defined in :numref:`sec_multi_gpu`"""
     _check_scores_and_labels(y_hat, y)
-    log_probs = F.log_softmax(y_hat, dim=1)
-    return -log_probs.gather(1, y.reshape(-1, 1)).sum()
-
-def _check_arrays(arrays, name):
-    """Raise ValueError, saying what to pass, unless `arrays` is a non-empty list of arrays.
-
-    Defined in :numref:`sec_multi_gpu`"""
-    if not isinstance(arrays, (list, tuple)) or not arrays:
-        raise ValueError(f'{name} must be a non-empty list of arrays; got '
-                         f'{arrays!r:.60}')
-    for i, x in enumerate(arrays):
-        if not hasattr(x, 'shape'):
-            raise ValueError(f'{name}[{i}] is {x!r:.40}, not an array (a '
-                             f'gradient is None until a backward pass ran)')
+    return -_pick(_log_softmax(y_hat), y).sum()
 
 def get_params(params, device):
     """Copy `params` to `device` as new tensors that record their gradients.
 
     Defined in :numref:`sec_multi_gpu`"""
     _check_arrays(params, 'params')
-    # copy=True: two replicas on the same device must not share memory.
-    copies = [p.detach().to(device, copy=True) for p in params]
+    copies = [_copy(p, device) for p in params]  # never shares memory with p
     for p in copies:
-        p.requires_grad_()
+        _track(p)
     return copies
 
-def _check_reduce_args(data, devices):
-    """Raise ValueError, saying what to pass, unless `data` and `devices` suit an allreduce.
-
-    Defined in :numref:`sec_multi_gpu`"""
-    _check_arrays(data, 'data')
-    shapes = [tuple(x.shape) for x in data]
-    if any(shape != shapes[0] for shape in shapes):
-        raise ValueError(f'data holds arrays of different shapes {shapes}; '
-                         f'pass the same-shaped arrays of one parameter, one '
-                         f'per device')
-    if devices is not None and not isinstance(devices, (list, tuple)):
-        raise ValueError(f'devices must be a list with one device per array, '
-                         f'or None; got {devices!r:.60}')
-    if devices is not None and len(devices) != len(data):
-        raise ValueError(f'devices names {len(devices)} devices for '
-                         f'{len(data)} arrays in data; pass one device per '
-                         f'array, or None')
-
-def _reduce_devices(data, devices):
-    """Check an allreduce's arguments; return `devices`, or each tensor's device if None.
-
-    Defined in :numref:`sec_multi_gpu`"""
-    _check_reduce_args(data, devices)
-    return [x.device for x in data] if devices is None else list(devices)
-
 def allreduce(data, devices=None):
-    """Sum same-shaped tensors held on different devices, writing the sum into each.
+    """Sum same-shaped arrays held on different devices, writing the sum into each.
 
     Defined in :numref:`sec_multi_gpu`"""
     devices = _reduce_devices(data, devices)
     first = data[0]
-    with torch.no_grad():
+    with _no_grad():
         for x in data[1:]:  # reduce: add every array into the first one
-            first[:] += x.to(devices[0])
+            with _on(devices[0]):
+                first[:] += _to(x, devices[0])
         for x, device in zip(data[1:], devices[1:]):  # broadcast the sum
-            x[:] = first.to(device)
+            with _on(device):
+                x[:] = _to(first, device)
 
 def shard_sizes(n, k):
     """Sizes of `k` nearly equal parts of `n` items; the first `n % k` get one more.
 
     Defined in :numref:`sec_multi_gpu`"""
     for name, value, least in (('n', n, 0), ('k', k, 1)):
-        if isinstance(value, bool) or not hasattr(value, '__index__') \
-                or value < least:
-            raise ValueError(f'{name} must be an integer of at least {least}; '
-                             f'got {value!r}')
+        _require(_is_count(value, least),
+                 f'{name} must be an integer of at least {least}; got {value!r}')
     return [n // k + (1 if i < n % k else 0) for i in range(k)]
-
-def _check_split(X, y, devices):
-    """Raise ValueError, saying what to change, if a batch cannot be split over the devices.
-
-    Defined in :numref:`sec_multi_gpu`"""
-    for name, array in (('X', X), ('y', y)):
-        if not hasattr(array, 'shape') or len(array.shape) == 0:
-            raise ValueError(f'{name} must be an array with one row per '
-                             f'example; got {array!r:.60}')
-    if not isinstance(devices, (list, tuple)):
-        raise ValueError(f'devices must be a list of devices such as '
-                         f'd2l.try_gpus(2); got {devices!r:.60}')
-    num_examples, num_labels = X.shape[0], y.shape[0]
-    num_devices = len(devices)
-    if num_examples != num_labels:
-        raise ValueError(f'X holds {num_examples} examples but y holds '
-                         f'{num_labels} labels; pass one label per example')
-    if num_devices < 1:
-        raise ValueError('devices is empty; pass at least one device, e.g. '
-                         'd2l.try_gpus(1)')
-    if num_examples < num_devices:
-        raise ValueError(f'cannot split {num_examples} examples over '
-                         f'{num_devices} devices, each needs at least one; '
-                         f'use a batch of at least {num_devices} examples '
-                         f'or fewer devices')
 
 def split_batch(X, y, devices):
     """Split examples `X` and labels `y` into one shard per device, placed there.
@@ -475,24 +489,10 @@ def split_batch(X, y, devices):
     _check_split(X, y, devices)
     X_shards, y_shards, start = [], [], 0
     for size, device in zip(shard_sizes(X.shape[0], len(devices)), devices):
-        X_shards.append(X[start:start + size].to(device))
-        y_shards.append(y[start:start + size].to(device))
+        X_shards.append(_to(X[start:start + size], device))
+        y_shards.append(_to(y[start:start + size], device))
         start += size
     return X_shards, y_shards
-
-def _check_replicas(device_params, devices):
-    """Raise ValueError, saying what to pass, unless there is one replica per device.
-
-    Defined in :numref:`sec_multi_gpu`"""
-    for name, value in (('device_params', device_params),
-                        ('devices', devices)):
-        if not isinstance(value, (list, tuple)):
-            raise ValueError(f'{name} must be a list, one entry per device; '
-                             f'got {value!r:.60}')
-    if len(device_params) != len(devices):
-        raise ValueError(f'device_params holds {len(device_params)} replicas '
-                         f'but devices names {len(devices)} devices; build '
-                         f'one replica per device with get_params')
 
 def train_batch(X, y, device_params, devices, lr, allreduce_fn=allreduce):
     """One data-parallel SGD step of LeNet: split, backward per device, sum, update.
@@ -500,24 +500,22 @@ def train_batch(X, y, device_params, devices, lr, allreduce_fn=allreduce):
     Defined in :numref:`sec_multi_gpu`"""
     _check_replicas(device_params, devices)
     X_shards, y_shards = split_batch(X, y, devices)
-    y_hats = [lenet(X_s, W) for X_s, W in zip(X_shards, device_params)]
-    losses = [cross_entropy_sum(y_hat, y_s)
-              for y_hat, y_s in zip(y_hats, y_shards)]
-    for loss in losses:  # each device's backward pass fills its own .grad
-        loss.backward()
+    y_hats, losses = [], []
+    with _record():
+        for X_s, W, device in zip(X_shards, device_params, devices):
+            with _on(device):
+                y_hats.append(lenet(X_s, W))
+        for y_hat, y_s, device in zip(y_hats, y_shards, devices):
+            with _on(device):
+                losses.append(cross_entropy_sum(y_hat, y_s))
+    for loss, device in zip(losses, devices):
+        with _on(device):  # each backward pass fills its own replica's .grad
+            loss.backward()
     for i in range(len(device_params[0])):
         allreduce_fn([W[i].grad for W in device_params], devices)
-    for W in device_params:  # equal gradients keep the replicas equal
-        d2l.sgd(W, lr, X.shape[0])
-
-def _accuracy_of_counts(counts):
-    """Correct predictions over examples, or ValueError if no example was seen.
-
-    Defined in :numref:`sec_multi_gpu`"""
-    if counts[1] == 0:
-        raise ValueError('data_iter yielded no examples; pass an iterator '
-                         'over at least one minibatch')
-    return counts[0] / counts[1]
+    for W, device in zip(device_params, devices):
+        with _on(device):  # equal gradients keep the replicas equal
+            d2l.sgd(W, lr, X.shape[0])
 
 def evaluate_accuracy_replicas(device_params, data_iter, devices):
     """LeNet's accuracy on `data_iter`, each minibatch split over the replicas' devices.
@@ -525,60 +523,100 @@ def evaluate_accuracy_replicas(device_params, data_iter, devices):
     Defined in :numref:`sec_multi_gpu`"""
     _check_replicas(device_params, devices)
     counts = d2l.Accumulator(2)  # correct predictions, examples
-    with torch.no_grad():
+    with _no_grad():
         for X, y in data_iter:
             used = devices[:min(len(devices), X.shape[0])]  # short last batch
             X_shards, y_shards = split_batch(X, y, used)
-            # Launch every device's forward pass before reading any result.
-            y_hats = [lenet(X_s, W) for X_s, W in zip(X_shards, device_params)]
-            for y_hat, y_s in zip(y_hats, y_shards):
-                counts.add(d2l.accuracy(y_hat, y_s), y_s.shape[0])
+            y_hats = []  # launch every forward pass before reading a result
+            for X_s, W, device in zip(X_shards, device_params, used):
+                with _on(device):
+                    y_hats.append(lenet(X_s, W))
+            for y_hat, y_s, device in zip(y_hats, y_shards, used):
+                with _on(device):
+                    counts.add(d2l.accuracy(y_hat, y_s), y_s.shape[0])
     return _accuracy_of_counts(counts)
 
 def ring_allreduce(data, devices=None):
-    """Sum same-shaped tensors on k devices by ring reduce-scatter and all-gather, in place.
+    """Sum same-shaped arrays on k devices by ring reduce-scatter and all-gather, in place.
 
     Defined in :numref:`sec_multi_gpu`"""
     devices = _reduce_devices(data, devices)
-    k, sizes = len(data), shard_sizes(data[0].numel(), len(data))
-    bounds = [sum(sizes[:c]) for c in range(k + 1)]
-    with torch.no_grad():
-        # chunks[i][c] is a view of chunk c of the tensor on device i.
-        chunks = [[x.view(-1)[bounds[c]:bounds[c + 1]] for c in range(k)]
-                  for x in data]
+    with _no_grad():
+        flats = []  # views of the arrays, or copies in MXNet's NumPy interface
+        for x, device in zip(data, devices):
+            with _on(device):
+                flats.append(x.reshape((-1,)))
+        k, sizes = len(data), shard_sizes(flats[0].shape[0], len(data))
+        bounds = [sum(sizes[:c]) for c in range(k + 1)]
+        # chunks[i][c] is a view of chunk c of the flat array on device i.
+        chunks = [[f[bounds[c]:bounds[c + 1]] for c in range(k)] for f in flats]
         for step in range(k - 1):  # reduce-scatter: add what arrives
             for i in range(k):
                 c, j = (i - step) % k, (i + 1) % k
-                chunks[j][c][:] += chunks[i][c].to(devices[j])
+                with _on(devices[j]):
+                    chunks[j][c][:] += _to(chunks[i][c], devices[j])
         # Device i now holds the complete sum of chunk (i + 1) % k.
         for step in range(k - 1):  # all-gather: overwrite with what arrives
             for i in range(k):
                 c, j = (i + 1 - step) % k, (i + 1) % k
-                chunks[j][c][:] = chunks[i][c].to(devices[j])
+                with _on(devices[j]):
+                    chunks[j][c][:] = _to(chunks[i][c], devices[j])
+        for x, flat, device in zip(data, flats, devices):
+            with _on(device):  # a no-op where flat is a view of x
+                x[:] = flat.reshape(x.shape)
 
-import copy
+import copy  # to duplicate a model for a device that lacks it
 
 def _check_resnet_args(num_classes, in_channels):
     """Reject a class or channel count that is not a positive integer, saying which.
 
     Defined in :numref:`sec_multi_gpu_concise`"""
-    for name, value in (('num_classes', num_classes),
-                        ('in_channels', in_channels)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(
-                f'{name} must be a positive integer, got {value!r}')
+    for name, value in (('num_classes', num_classes), ('in_channels', in_channels)):
+        d2l._require(isinstance(value, int) and d2l._is_count(value, 1),
+                     f'{name} must be a positive integer, got {value!r}')
+
+def _check_devices(devices):
+    """Reject an empty device list, saying how to get one.
+
+    Defined in :numref:`sec_multi_gpu_concise`"""
+    d2l._require(devices, f'devices is empty ({devices!r}); pass at least one '
+                 'device, e.g. d2l.try_gpus(1)')
+
+def _batches(data_iter, name):
+    """Iterate over `data_iter`, or say that argument `name` is no iterable.
+
+    Defined in :numref:`sec_multi_gpu_concise`"""
+    try:
+        return iter(data_iter)
+    except TypeError:
+        raise TypeError(f'{name} must be an iterable of (X, y) minibatches, '
+                        f'got {type(data_iter).__name__}') from None
+
+def _check_examples(num_examples, name):
+    """Reject an iterator `name` that yielded no examples.
+
+    Defined in :numref:`sec_multi_gpu_concise`"""
+    d2l._require(num_examples != 0, f'{name} yielded no examples; pass an '
+                 'iterator with at least one non-empty minibatch')
+
+def _check_step(X, y, devices):
+    """Reject a minibatch or device list that a training step cannot use.
+
+    Defined in :numref:`sec_multi_gpu_concise`"""
+    d2l._check_devices(devices)
+    d2l._require(X.shape[0] == y.shape[0], f'X holds {X.shape[0]} examples but '
+                 f'y holds {y.shape[0]} labels; pass one label per example')
+    d2l._require(X.shape[0] > 0, 'X is an empty minibatch; pass at least one example')
 
 def resnet18(num_classes, in_channels=1):
     """ResNet-18 for small images: 3x3 stem, no max-pooling, four stages of two residual blocks.
 
     Defined in :numref:`sec_multi_gpu_concise`"""
     d2l._check_resnet_args(num_classes, in_channels)
-    # Stem for small images: one 3x3 convolution of stride 1, and no pooling.
     layers = [nn.Conv2d(in_channels, 64, kernel_size=3, padding=1),
               nn.BatchNorm2d(64), nn.ReLU()]
     for in_c, out_c, downsample in [(64, 64, False), (64, 128, True),
                                     (128, 256, True), (256, 512, True)]:
-        # A stage's first block halves the resolution, widens the channels.
         layers.append(nn.Sequential(
             d2l.Residual(in_c, out_c, use_1x1conv=downsample,
                          strides=2 if downsample else 1),
@@ -596,31 +634,21 @@ def count_trainable_params(net):
                         f'{type(net).__name__}; pass e.g. d2l.resnet18(10)')
     return sum(p.numel() for p in net.parameters() if p.requires_grad)
 
-def _check_devices(devices):
-    """Reject an empty device list, saying how to get one.
+def _accuracy_on_devices(forward, data_iter, split_f, devices):
+    """Fraction classified correctly when `forward(i, X_i)` scores shard i of each batch.
 
     Defined in :numref:`sec_multi_gpu_concise`"""
-    if not devices:
-        raise ValueError(f'devices is empty ({devices!r}); pass at least one '
-                         f'device, e.g. d2l.try_gpus(1)')
-
-def _batches(data_iter, name):
-    """Iterate over `data_iter`, or say that argument `name` is no iterable.
-
-    Defined in :numref:`sec_multi_gpu_concise`"""
-    try:
-        return iter(data_iter)
-    except TypeError:
-        raise TypeError(f'{name} must be an iterable of (X, y) minibatches, '
-                        f'got {type(data_iter).__name__}') from None
-
-def _check_examples(num_examples, name):
-    """Reject an iterator `name` that yielded no examples.
-
-    Defined in :numref:`sec_multi_gpu_concise`"""
-    if num_examples == 0:
-        raise ValueError(f'{name} yielded no examples; pass an iterator '
-                         f'with at least one non-empty minibatch')
+    counts = d2l.Accumulator(2)  # correct predictions, examples
+    for X, y in d2l._batches(data_iter, 'data_iter'):
+        k = min(len(devices), X.shape[0])
+        if k == 0:
+            continue
+        X_shards, y_shards = split_f(X, y, devices[:k])
+        y_hats = [forward(i, X_s) for i, X_s in enumerate(X_shards)]
+        for y_hat, y_s in zip(y_hats, y_shards):
+            counts.add(d2l.accuracy(y_hat, y_s), y_s.shape[0])
+    d2l._check_examples(counts[1], 'data_iter')
+    return counts[0] / counts[1]
 
 def evaluate_accuracy_gpus(net, data_iter, split_f=d2l.split_batch,
                            devices=None):
@@ -636,29 +664,9 @@ def evaluate_accuracy_gpus(net, data_iter, split_f=d2l.split_batch,
     model.eval()  # batch normalisation uses its running statistics
     copies = [model if torch.device(d) == home else copy.deepcopy(model).to(d)
               for d in devices]
-    counts = d2l.Accumulator(2)  # correct predictions, examples
     with torch.no_grad():
-        for X, y in d2l._batches(data_iter, 'data_iter'):
-            k = min(len(devices), X.shape[0])
-            if k == 0:
-                continue
-            X_shards, y_shards = split_f(X, y, devices[:k])
-            y_hats = [m(X_s) for m, X_s in zip(copies, X_shards)]
-            for y_hat, y_s in zip(y_hats, y_shards):
-                counts.add(d2l.accuracy(y_hat, y_s), y_s.numel())
-    d2l._check_examples(counts[1], 'data_iter')
-    return counts[0] / counts[1]
-
-def _check_step(X, y, devices):
-    """Reject a minibatch or device list that a training step cannot use.
-
-    Defined in :numref:`sec_multi_gpu_concise`"""
-    d2l._check_devices(devices)
-    if X.shape[0] != y.shape[0]:
-        raise ValueError(f'X holds {X.shape[0]} examples but y holds '
-                         f'{y.shape[0]} labels; pass one label per example')
-    if X.shape[0] == 0:
-        raise ValueError('X is an empty minibatch; pass at least one example')
+        return d2l._accuracy_on_devices(lambda i, X_i: copies[i](X_i),
+                                        data_iter, split_f, devices)
 
 def train_step_concise(net, X, y, loss, optimizer, devices):
     """One SGD step of an nn.DataParallel model on minibatch (X, y); returns the summed loss.
@@ -678,9 +686,10 @@ def train_epoch_concise(net, train_iter, loss, optimizer, devices):
     Defined in :numref:`sec_multi_gpu_concise`"""
     d2l._check_devices(devices)
     net.train()
-    total, n = torch.zeros((), device=devices[0]), 0
+    total, n = 0, 0  # total becomes a tensor on the device at the first step
     for X, y in d2l._batches(train_iter, 'train_iter'):
-        total += d2l.train_step_concise(net, X, y, loss, optimizer, devices)
+        total = total + d2l.train_step_concise(net, X, y, loss, optimizer,
+                                               devices)
         n += X.shape[0]
     d2l._check_examples(n, 'train_iter')
     return float(total), n
@@ -1394,13 +1403,7 @@ def _flat(x):
     Defined in :numref:`sec_sharded_data_parallel`"""
     return x.detach().reshape(-1)
 
-def _copy(x, device):
-    """A new copy of `x` on `device`.
-
-    Defined in :numref:`sec_sharded_data_parallel`"""
-    return x.detach().to(device, copy=True)
-
-def _on(device):
+def _tensors_on(device):
     """A context in which new tensors are made on `device`.
 
     Defined in :numref:`sec_sharded_data_parallel`"""
@@ -1424,11 +1427,11 @@ def reduce_scatter(data):
     shards = []
     for i, x in enumerate(data):
         lo, hi, device = bounds[i], bounds[i + 1], _device(x)
-        with _on(device):
-            total = _copy(_flat(x)[lo:hi], device)
+        with _tensors_on(device):
+            total = d2l._copy(_flat(x)[lo:hi], device)
             for j, other in enumerate(data):
                 if j != i and hi > lo:  # MXNet cannot add empty arrays
-                    total += _copy(_flat(other)[lo:hi], device)  # shard i of j
+                    total += d2l._copy(_flat(other)[lo:hi], device)  # shard i of j
         shards.append(total)
     return shards
 
@@ -1441,8 +1444,8 @@ def all_gather(shards):
                          'one per device (flatten them first)')
     gathered = []
     for x in shards:
-        with _on(_device(x)):
-            gathered.append(_concat([_copy(s, _device(x)) for s in shards]))
+        with _tensors_on(_device(x)):
+            gathered.append(_concat([d2l._copy(s, _device(x)) for s in shards]))
     return gathered
 
 def unflatten(flat, shapes):
@@ -1514,9 +1517,9 @@ def zero_init(params, devices, stage):
     bounds = [0, *itertools.accumulate(shard_sizes(flat.shape[0], len(devices)))]
     states = []
     for i, device in enumerate(devices):
-        with _on(device):
-            mine = _copy(flat[bounds[i]:bounds[i + 1]], device)
-            full = mine if stage == 3 else _copy(flat, device)
+        with _tensors_on(device):
+            mine = d2l._copy(flat[bounds[i]:bounds[i + 1]], device)
+            full = mine if stage == 3 else d2l._copy(flat, device)
             states.append({'params': full,
                            'grads': _zeros_like(mine if stage >= 2 else full),
                            'momentum': _zeros_like(mine if stage >= 1 else full)})
@@ -1550,7 +1553,7 @@ def _zero_update(states, grads, owned, devices, stage, lr, momentum):
 
     Defined in :numref:`sec_sharded_data_parallel`"""
     for s, g, own, device in zip(states, grads, owned, devices):
-        with _on(device):
+        with _tensors_on(device):
             if stage == 1:  # the full-size buffer receives its shard
                 s['grads'][own] = g
             else:
@@ -1564,7 +1567,7 @@ def _zero_update(states, grads, owned, devices, stage, lr, momentum):
     if stage in (1, 2):  # everybody needs everybody's new parameters
         new = all_gather([s['params'][own] for s, own in zip(states, owned)])
         for s, w, device in zip(states, new, devices):
-            with _on(device):
+            with _tensors_on(device):
                 s['params'][:] = w
 
 def state_bytes(state):

@@ -71,3 +71,19 @@ def test_make_targets_hand_the_build_scripts_a_book_root():
         root = ROOT / args[0] if args else ROOT
         assert (root / 'config.ini').is_file(), (
             f'{" ".join(words)}: {root} is not a book root')
+
+
+@pytest.mark.parametrize('module', ['torch', 'mxnet', 'paddle'])
+def test_each_saved_helper_is_defined_once(module):
+    """Two pages saving the same name would leave one page's code calling the other's."""
+    import ast
+    tree = ast.parse((ROOT / 'd2l' / f'{module}.py').read_text())
+    names = [node.name for node in tree.body
+             if isinstance(node, (ast.FunctionDef, ast.ClassDef))]
+    names += [t.id for node in tree.body if isinstance(node, ast.Assign)
+              for t in node.targets if isinstance(t, ast.Name)]
+    names += [e.id for node in tree.body if isinstance(node, ast.Assign)
+              for t in node.targets if isinstance(t, ast.Tuple)
+              for e in t.elts if isinstance(e, ast.Name)]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    assert twice == [], f'd2l/{module}.py defines {twice} more than once'
