@@ -871,10 +871,8 @@ def _check_timeout(timeout_s):
     """Accept None or a positive number of seconds for a process group's timeout.
 
     Defined in :numref:`sec_process_groups`"""
-    if timeout_s is None:
-        return
-    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) \
-            or not timeout_s > 0 or timeout_s == float('inf'):
+    if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(
+            timeout_s, (int, float)) or not 0 < timeout_s < float('inf')):
         raise ValueError(f'timeout_s must be a positive number of seconds or '
                          f'None (the backend default), got {timeout_s!r}')
 
@@ -1003,8 +1001,7 @@ def _start_rank(rank, out_dir, parent_pid):
     os.close(log)
     if sys.platform.startswith('linux'):
         import ctypes
-        PR_SET_PDEATHSIG = 1
-        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
     if os.getppid() != parent_pid:  # the parent died before we asked
         os._exit(1)
 
@@ -1210,14 +1207,6 @@ def fashion_mnist_tensors(split):
     images, labels = fashion_mnist_arrays(split, quick_mode(num_gpus()))
     return paddle.to_tensor(images), paddle.to_tensor(labels)
 
-def shard_of_batch(X, y, step, rank, world_size, batch_size):
-    """Rank `rank`'s `batch_size` examples of global minibatch `step`, wrapping around the data.
-
-    Defined in :numref:`sec_ddp`"""
-    start = (step * world_size + rank) * batch_size
-    idx = paddle.arange(start, start + batch_size) % y.shape[0]
-    return paddle.gather(X, idx), paddle.gather(y, idx)
-
 def _small_mlp(seed):
     """A two-layer perceptron for 28x28 images, initialised from `seed`; no batch norm.
 
@@ -1231,6 +1220,29 @@ def flat_parameters(net):
 
     Defined in :numref:`sec_ddp`"""
     return np.concatenate([p.numpy().reshape(-1) for p in net.parameters()])
+
+def _wrap_ddp(net, device):
+    """`net` wrapped in paddle.DataParallel, on the device process_group set.
+
+    Defined in :numref:`sec_ddp`"""
+    return paddle.DataParallel(net)
+
+def _sgd(net, lr, momentum=0.0):
+    """An SGD optimizer (with `momentum`) over the parameters of `net`.
+
+    Defined in :numref:`sec_ddp`"""
+    if momentum:
+        return paddle.optimizer.Momentum(learning_rate=lr, momentum=momentum,
+                                         parameters=net.parameters())
+    return paddle.optimizer.SGD(learning_rate=lr, parameters=net.parameters())
+
+def shard_of_batch(X, y, step, rank, world_size, batch_size):
+    """Rank `rank`'s `batch_size` examples of global minibatch `step`, wrapping around the data.
+
+    Defined in :numref:`sec_ddp`"""
+    start = (step * world_size + rank) * batch_size
+    idx = np.arange(start, start + batch_size) % len(y)
+    return X[idx], y[idx]
 
 def sgd_on_shards(net, optimizer, rank, world_size, num_steps, batch_size,
                   device):
@@ -1248,16 +1260,14 @@ def sgd_on_shards(net, optimizer, rank, world_size, num_steps, batch_size,
         optimizer.step()
 
 def ddp_sgd_steps(rank, world_size, init_method, num_steps, batch_size, lr):
-    """DataParallel worker: `num_steps` of SGD on `_small_mlp`, `batch_size` examples per rank; returns the parameters.
+    """Multi-process worker: `num_steps` of SGD on `_small_mlp`, `batch_size` examples per rank; returns the parameters.
 
     Defined in :numref:`sec_ddp`"""
     with process_group(rank, world_size, init_method) as device:
         # Seeds differ on purpose: wrapping the model must make the copies agree.
-        net = paddle.DataParallel(_small_mlp(seed=rank))
-        optimizer = paddle.optimizer.SGD(learning_rate=lr,
-                                         parameters=net.parameters())
-        sgd_on_shards(net, optimizer, rank, world_size, num_steps, batch_size,
-                      device)
+        net = _wrap_ddp(_small_mlp(seed=rank), device)
+        sgd_on_shards(net, _sgd(net, lr), rank, world_size, num_steps,
+                      batch_size, device)
         return flat_parameters(net)
 
 def sgd_steps_one_process(num_steps, batch_size, lr):
@@ -1265,9 +1275,7 @@ def sgd_steps_one_process(num_steps, batch_size, lr):
 
     Defined in :numref:`sec_ddp`"""
     net = _small_mlp(seed=0)
-    optimizer = paddle.optimizer.SGD(learning_rate=lr,
-                                     parameters=net.parameters())
-    sgd_on_shards(net, optimizer, 0, 1, num_steps, batch_size, 'cpu')
+    sgd_on_shards(net, _sgd(net, lr), 0, 1, num_steps, batch_size, 'cpu')
     return flat_parameters(net)
 
 def _timed_step(net, X, y):
@@ -1305,9 +1313,8 @@ def _checkpoint_demo(rank, world_size, init_method, path):
 
     Defined in :numref:`sec_ddp`"""
     with process_group(rank, world_size, init_method) as device:
-        net = paddle.DataParallel(_small_mlp(seed=0))
-        optimizer = paddle.optimizer.Momentum(
-            learning_rate=0.1, momentum=0.9, parameters=net.parameters())
+        net = _wrap_ddp(_small_mlp(seed=0), device)
+        optimizer = _sgd(net, 0.1, momentum=0.9)
         sgd_on_shards(net, optimizer, rank, world_size, 3, 32, device)
         if rank == 0:  # the copies are equal, so one writer suffices
             paddle.save(net.state_dict(), path)
@@ -1345,10 +1352,8 @@ def model_parallel_ddp_steps(rank, world_size, init_method, num_steps,
     devices = ['cpu', 'cpu']  # see the text: both halves on the CPU
     with process_group(rank, world_size, init_method, device=devices[0]):
         net = paddle.DataParallel(_TwoDeviceMLP(devices, seed=rank))
-        optimizer = paddle.optimizer.SGD(learning_rate=lr,
-                                         parameters=net.parameters())
-        sgd_on_shards(net, optimizer, rank, world_size, num_steps, batch_size,
-                      devices[0])
+        sgd_on_shards(net, _sgd(net, lr), rank, world_size, num_steps,
+                      batch_size, devices[0])
         return {'devices': devices, 'parameters': flat_parameters(net)}
 
 def local_batch_size(batch_size, world_size):
@@ -1395,9 +1400,8 @@ def _batch_norm_statistics_demo(rank, world_size, init_method, num_steps):
         net = paddle.DataParallel(nn.Sequential(
             nn.Flatten(), nn.Linear(784, 64), norm, nn.ReLU(),
             nn.Linear(64, 10)))
-        optimizer = paddle.optimizer.SGD(learning_rate=0.1,
-                                         parameters=net.parameters())
-        sgd_on_shards(net, optimizer, rank, world_size, num_steps, 32, device)
+        sgd_on_shards(net, _sgd(net, 0.1), rank, world_size, num_steps, 32,
+                      device)
         trained = norm._mean.numpy().copy()
         dist.broadcast(norm._mean, src=0)
         return trained, norm._mean.numpy()
@@ -1434,13 +1438,11 @@ def train_ddp(rank, world_size, init_method, num_epochs, batch_size, lr,
             shuffle=True)
         train_iter = paddle.io.DataLoader(train_set, batch_sampler=sampler)
         paddle.seed(0)
-        net = paddle.DataParallel(resnet18(10))
-        optimizer = paddle.optimizer.SGD(learning_rate=lr,
-                                         parameters=net.parameters())
+        net = _wrap_ddp(resnet18(10), device)
+        optimizer = _sgd(net, lr)
         summary = {'rank': rank, 'world_size': world_size,
-                   'backend': ddp_backend(device),
-                   'device': paddle.get_device(), 'train_loss': [],
-                   'epoch_s': []}
+                   'device': paddle.get_device(), 'backend': ddp_backend(device),
+                   'train_loss': [], 'epoch_s': []}
         timer = Timer()
         for epoch in range(num_epochs):
             sampler.set_epoch(epoch)  # a new shuffle, the same on every rank
@@ -1458,13 +1460,11 @@ def describe_ddp_run(summary):
     """A few lines about a distributed training run, from one rank's summary.
 
     Defined in :numref:`sec_ddp`"""
-    losses = ', '.join(f'{l:.3f}' for l in summary['train_loss'])
-    seconds = sum(summary['epoch_s']) / len(summary['epoch_s'])
-    return (f'{summary["world_size"]} processes, backend {summary["backend"]}, '
-            f'rank {summary["rank"]} on {summary["device"]}\n{summary["data"]}\n'
-            f'training loss per epoch: {losses}\n'
-            f'test accuracy {summary["test_acc"]:.3f}, {seconds:.1f} s/epoch '
-            f'on rank {summary["rank"]}')
+    s, losses = summary, ', '.join(f'{l:.3f}' for l in summary['train_loss'])
+    return (f'{s["world_size"]} processes, backend {s["backend"]}, rank '
+            f'{s["rank"]} on {s["device"]}\n{s["data"]}\ntraining loss per '
+            f'epoch: {losses}\ntest accuracy {s["test_acc"]:.3f}, '
+            f'{sum(s["epoch_s"]) / len(s["epoch_s"]):.1f} s/epoch on rank {s["rank"]}')
 
 import math
 

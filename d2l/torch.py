@@ -726,10 +726,8 @@ def _check_timeout(timeout_s):
     """Accept None or a positive number of seconds for a process group's timeout.
 
     Defined in :numref:`sec_process_groups`"""
-    if timeout_s is None:
-        return
-    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) \
-            or not timeout_s > 0 or timeout_s == float('inf'):
+    if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(
+            timeout_s, (int, float)) or not 0 < timeout_s < float('inf')):
         raise ValueError(f'timeout_s must be a positive number of seconds or '
                          f'None (the backend default), got {timeout_s!r}')
 
@@ -781,8 +779,7 @@ def process_group(rank, world_size, init_method='env://', timeout_s=None,
         torch.cuda.set_device(device)
     else:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world_size))
-    timeout = None if timeout_s is None else datetime.timedelta(
-        seconds=timeout_s)
+    timeout = timeout_s and datetime.timedelta(seconds=timeout_s)  # or None
     dist.init_process_group(ddp_backend(device), init_method=init_method,
                             rank=rank, world_size=world_size, timeout=timeout)
     try:
@@ -868,8 +865,7 @@ def _start_rank(rank, out_dir, parent_pid):
     os.close(log)
     if sys.platform.startswith('linux'):
         import ctypes
-        PR_SET_PDEATHSIG = 1
-        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
     if os.getppid() != parent_pid:  # the parent died before we asked
         os._exit(1)
 
@@ -1052,14 +1048,6 @@ def fashion_mnist_tensors(split):
     images, labels = fashion_mnist_arrays(split, quick_mode(num_gpus()))
     return torch.from_numpy(images), torch.from_numpy(labels)
 
-def shard_of_batch(X, y, step, rank, world_size, batch_size):
-    """Rank `rank`'s `batch_size` examples of global minibatch `step`, wrapping around the data.
-
-    Defined in :numref:`sec_ddp`"""
-    start = (step * world_size + rank) * batch_size
-    idx = torch.arange(start, start + batch_size) % len(y)
-    return X[idx], y[idx]
-
 def _small_mlp(seed):
     """A two-layer perceptron for 28x28 images, initialised from `seed`; no batch norm.
 
@@ -1074,6 +1062,26 @@ def flat_parameters(net):
     Defined in :numref:`sec_ddp`"""
     return torch.cat([p.detach().cpu().reshape(-1)
                       for p in net.parameters()]).numpy()
+
+def _wrap_ddp(net, device):
+    """`net` moved to `device` and wrapped in DDP.
+
+    Defined in :numref:`sec_ddp`"""
+    return DDP(net.to(device))  # no device_ids: a model may span devices
+
+def _sgd(net, lr, momentum=0.0):
+    """An SGD optimizer (with `momentum`) over the parameters of `net`.
+
+    Defined in :numref:`sec_ddp`"""
+    return torch.optim.SGD(net.parameters(), lr=lr, momentum=momentum)
+
+def shard_of_batch(X, y, step, rank, world_size, batch_size):
+    """Rank `rank`'s `batch_size` examples of global minibatch `step`, wrapping around the data.
+
+    Defined in :numref:`sec_ddp`"""
+    start = (step * world_size + rank) * batch_size
+    idx = np.arange(start, start + batch_size) % len(y)
+    return X[idx], y[idx]
 
 def sgd_on_shards(net, optimizer, rank, world_size, num_steps, batch_size,
                   device):
@@ -1091,25 +1099,22 @@ def sgd_on_shards(net, optimizer, rank, world_size, num_steps, batch_size,
         optimizer.step()
 
 def ddp_sgd_steps(rank, world_size, init_method, num_steps, batch_size, lr):
-    """DDP worker: `num_steps` of SGD on `_small_mlp`, `batch_size` examples per rank; returns the parameters.
+    """Multi-process worker: `num_steps` of SGD on `_small_mlp`, `batch_size` examples per rank; returns the parameters.
 
     Defined in :numref:`sec_ddp`"""
     with process_group(rank, world_size, init_method) as device:
-        # Seeds differ on purpose: constructing DDP must make the copies agree.
-        net = DDP(_small_mlp(seed=rank).to(device))
-        optimizer = torch.optim.SGD(net.parameters(), lr=lr)
-        sgd_on_shards(net, optimizer, rank, world_size, num_steps,
+        # Seeds differ on purpose: wrapping the model must make the copies agree.
+        net = _wrap_ddp(_small_mlp(seed=rank), device)
+        sgd_on_shards(net, _sgd(net, lr), rank, world_size, num_steps,
                       batch_size, device)
-        return flat_parameters(net.module)
+        return flat_parameters(net)
 
 def sgd_steps_one_process(num_steps, batch_size, lr):
     """The same SGD in this process alone, on minibatches of `batch_size`, from rank 0's start.
 
     Defined in :numref:`sec_ddp`"""
     net = _small_mlp(seed=0)
-    optimizer = torch.optim.SGD(net.parameters(), lr=lr)
-    sgd_on_shards(net, optimizer, 0, 1, num_steps, batch_size,
-                  torch.device('cpu'))
+    sgd_on_shards(net, _sgd(net, lr), 0, 1, num_steps, batch_size, 'cpu')
     return flat_parameters(net)
 
 def _timed_step(net, X, y):
@@ -1154,8 +1159,8 @@ def _checkpoint_demo(rank, world_size, init_method, path):
 
     Defined in :numref:`sec_ddp`"""
     with process_group(rank, world_size, init_method) as device:
-        net = DDP(_small_mlp(seed=0).to(device))
-        optimizer = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+        net = _wrap_ddp(_small_mlp(seed=0), device)
+        optimizer = _sgd(net, 0.1, momentum=0.9)
         sgd_on_shards(net, optimizer, rank, world_size, 3, 32, device)
         if rank == 0:  # the copies are equal, so one writer suffices
             torch.save({'model': net.module.state_dict(),
@@ -1167,9 +1172,7 @@ def _checkpoint_demo(rank, world_size, init_method, path):
         location = {'cuda:0': str(device)} if device.type == 'cuda' else 'cpu'
         state = torch.load(path, map_location=location)
         fresh.load_state_dict(state['model'])
-        fresh_optimizer = torch.optim.SGD(fresh.parameters(), lr=0.1,
-                                          momentum=0.9)
-        fresh_optimizer.load_state_dict(state['optimizer'])
+        _sgd(fresh, 0.1, momentum=0.9).load_state_dict(state['optimizer'])
         return {'trained': flat_parameters(net.module), 'before': before,
                 'after': flat_parameters(fresh)}
 
@@ -1207,11 +1210,10 @@ def model_parallel_ddp_steps(rank, world_size, init_method, num_steps,
     devices = model_parallel_devices(rank, world_size)
     with process_group(rank, world_size, init_method, device=devices[0]):
         net = DDP(_TwoDeviceMLP(devices, seed=rank))  # no device_ids: it spans two
-        optimizer = torch.optim.SGD(net.parameters(), lr=lr)
-        sgd_on_shards(net, optimizer, rank, world_size, num_steps,
+        sgd_on_shards(net, _sgd(net, lr), rank, world_size, num_steps,
                       batch_size, devices[0])
         return {'devices': [str(d) for d in devices],
-                'parameters': flat_parameters(net.module)}
+                'parameters': flat_parameters(net)}
 
 def local_batch_size(batch_size, world_size):
     """Each process's share of a global minibatch of `batch_size`, which must split evenly.
@@ -1275,11 +1277,10 @@ def train_ddp(rank, world_size, init_method, num_epochs, batch_size, lr,
         train_iter = torch.utils.data.DataLoader(train_set, local_batch,
                                                  sampler=sampler)
         torch.manual_seed(0)
-        net = DDP(resnet18(10).to(device))
-        optimizer = torch.optim.SGD(net.parameters(), lr=lr)
-        summary = {'rank': rank, 'world_size': world_size,
-                   'backend': dist.get_backend(), 'device': str(device),
-                   'train_loss': [], 'epoch_s': []}
+        net = _wrap_ddp(resnet18(10), device)
+        optimizer = _sgd(net, lr)
+        summary = {'rank': rank, 'world_size': world_size, 'device': str(device),
+                   'backend': dist.get_backend(), 'train_loss': [], 'epoch_s': []}
         timer = Timer()
         for epoch in range(num_epochs):
             sampler.set_epoch(epoch)  # a new shuffle, the same on every rank
@@ -1297,42 +1298,30 @@ def describe_ddp_run(summary):
     """A few lines about a distributed training run, from one rank's summary.
 
     Defined in :numref:`sec_ddp`"""
-    losses = ', '.join(f'{l:.3f}' for l in summary['train_loss'])
-    seconds = sum(summary['epoch_s']) / len(summary['epoch_s'])
-    return (f'{summary["world_size"]} processes, backend {summary["backend"]}, '
-            f'rank {summary["rank"]} on {summary["device"]}\n{summary["data"]}\n'
-            f'training loss per epoch: {losses}\n'
-            f'test accuracy {summary["test_acc"]:.3f}, {seconds:.1f} s/epoch '
-            f'on rank {summary["rank"]}')
+    s, losses = summary, ', '.join(f'{l:.3f}' for l in summary['train_loss'])
+    return (f'{s["world_size"]} processes, backend {s["backend"]}, rank '
+            f'{s["rank"]} on {s["device"]}\n{s["data"]}\ntraining loss per '
+            f'epoch: {losses}\ntest accuracy {s["test_acc"]:.3f}, '
+            f'{sum(s["epoch_s"]) / len(s["epoch_s"]):.1f} s/epoch on rank {s["rank"]}')
 
 def timing_batch(global_batch):
     """The first `global_batch` training images and labels (wrapping around), for timing runs.
 
     Defined in :numref:`sec_ddp`"""
-    X, y = fashion_mnist_tensors('train')
-    idx = torch.arange(global_batch) % len(y)
-    return X[idx], y[idx]
+    return shard_of_batch(*fashion_mnist_tensors('train'), 0, 0, 1, global_batch)
 
 def time_steps(net, optimizer, X, y, num_steps, warmup, device):
     """Average seconds per SGD step on (X, y) after `warmup` untimed steps.
 
     Defined in :numref:`sec_ddp`"""
-    def step():
-        y_hat = net(X)
-        loss = F.cross_entropy(y_hat, y.to(y_hat.device))
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-
-    for _ in range(warmup):
-        step()
-    if device.type == 'cuda':
-        torch.cuda.synchronize(device)
-    began = time.perf_counter()
-    for _ in range(num_steps):
-        step()
-    if device.type == 'cuda':
-        torch.cuda.synchronize(device)  # GPUs run ahead of the Python code
+    for n in (warmup, num_steps):
+        began = time.perf_counter()
+        for _ in range(n):
+            optimizer.zero_grad()
+            F.cross_entropy(net(X), y).backward()
+            optimizer.step()
+        if device.type == 'cuda':
+            torch.cuda.synchronize(device)  # GPUs run ahead of the Python code
     return (time.perf_counter() - began) / num_steps
 
 def time_data_parallel(num_devices, global_batch, num_steps, warmup=1,
@@ -1340,20 +1329,17 @@ def time_data_parallel(num_devices, global_batch, num_steps, warmup=1,
     """Seconds per training step with nn.DataParallel over GPUs 0..num_devices-1 (plain model on the CPU without them).
 
     Defined in :numref:`sec_ddp`"""
-    if isinstance(num_devices, bool) or not isinstance(num_devices, int) \
-            or num_devices < 1:
+    if type(num_devices) is not int or num_devices < 1:
         raise ValueError(f'num_devices must be a positive int, got {num_devices!r}')
     use_gpus = num_gpus() >= num_devices
     device = torch.device('cuda', 0) if use_gpus else torch.device('cpu')
     torch.manual_seed(0)
-    model = (model_fn() if model_fn else resnet18(10)).to(device)
-    # Without GPUs nn.DataParallel would just call the model, so we do too.
-    net = nn.DataParallel(model, device_ids=list(range(num_devices))) \
-        if use_gpus else model
-    optimizer = torch.optim.SGD(net.parameters(), lr=0.01)
+    net = (model_fn() if model_fn else resnet18(10)).to(device)
+    if use_gpus:  # without GPUs, nn.DataParallel would just call the model
+        net = nn.DataParallel(net, device_ids=list(range(num_devices)))
     X, y = timing_batch(global_batch)
-    return time_steps(net, optimizer, X.to(device), y.to(device), num_steps,
-                      warmup, device)
+    return time_steps(net, _sgd(net, 0.01), X.to(device), y.to(device),
+                      num_steps, warmup, device)
 
 def time_ddp(world_size, global_batch, num_steps, warmup=1, model_fn=None):
     """Seconds per training step with DDP, `world_size` processes sharing `global_batch` examples.
@@ -1370,14 +1356,12 @@ def _time_ddp_worker(rank, world_size, init_method, global_batch, num_steps,
     Defined in :numref:`sec_ddp`"""
     with process_group(rank, world_size, init_method) as device:
         torch.manual_seed(0)
-        net = DDP((model_fn() if model_fn else resnet18(10)).to(device))
-        optimizer = torch.optim.SGD(net.parameters(), lr=0.01)
-        share = local_batch_size(global_batch, world_size)
-        X, y = timing_batch(global_batch)
-        X, y = X[rank * share:(rank + 1) * share], y[rank * share:(rank + 1) * share]
-        seconds = torch.tensor(
-            time_steps(net, optimizer, X.to(device), y.to(device), num_steps,
-                       warmup, device), dtype=torch.float64, device=device)
+        net = _wrap_ddp(model_fn() if model_fn else resnet18(10), device)
+        X, y = shard_of_batch(*fashion_mnist_tensors('train'), 0, rank,
+                              world_size, global_batch // world_size)
+        seconds = torch.tensor(time_steps(
+            net, _sgd(net, 0.01), X.to(device), y.to(device), num_steps,
+            warmup, device), dtype=torch.float64, device=device)
         dist.all_reduce(seconds, op=dist.ReduceOp.MAX)  # the slowest rank
         return seconds.item()
 
