@@ -484,7 +484,7 @@ def test_helpers_have_the_same_signature_in_every_framework():
                 'Timer', 'Accumulator', 'accuracy', 'evaluate_accuracy_gpu',
                 'sgd', 'Animator', 'load_data_fashion_mnist', 'Residual'}
     seen = [helpers(m) for m in modules]
-    shared = set(seen[0]) & set(seen[1]) & set(seen[2])
+    shared = set.intersection(*(set(names) for names in seen))
     assert expected <= shared
     for name in sorted(shared):
         signatures = {s[name] for s in seen}

@@ -34,7 +34,8 @@ def sources():
 
 
 def squash(text):
-    """Whitespace collapsed, so line and page breaks do not matter."""
+    """Whitespace collapsed and typographic quotes made plain, as LaTeX sets them."""
+    text = text.replace('\u2019', "'").replace('\u2018', "'")
     return re.sub(r'\s+', ' ', text).strip()
 
 
@@ -142,7 +143,9 @@ def test_pdf_has_every_display_equation_numbered(text):
 
 def test_pdf_bibliography_lists_every_cited_work(text):
     assert 'Bibliography' in text, 'the PDF has no bibliography'
-    bibliography = squash(text[text.rindex('Bibliography'):])
+    # The bibliography's heading follows the last section's exercises; later
+    # occurrences of the word are its pages' running heads.
+    bibliography = squash(text[text.index('Bibliography', text.rindex('Exercises')):])
     bib = (ROOT / 'references.bib').read_text()
     first_authors = {}
     for key, body in re.findall(r'@\w+\{([^,\s]+),(.*?)\n\}', bib, re.S):

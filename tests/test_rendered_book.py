@@ -305,7 +305,7 @@ def test_search_finds_the_sections_offline(visit):
     v = visit(f'search.html?q={word}')
     # Sphinx's search stops its progress dots (_pulse_status -1) when done.
     v.page.wait_for_function(
-        "typeof Search !== 'undefined' && Search._pulse_status === -1", timeout=10000)
+        "typeof Search !== 'undefined' && Search._pulse_status === -1", timeout=30000)
     hits = v.page.locator('#search-results li a').count()
     v.screenshot()
     assert hits > 0, f'searching for {word!r} found nothing'
