@@ -1160,7 +1160,7 @@ def _all_reduce_demo(rank, world_size, init_method):
         if world_size > 1:  # PaddlePaddle forms no group for one process
             dist.all_reduce(x)  # every rank receives the sum
         return {'rank': rank, 'pid': os.getpid(), 'device': device,
-                'backend': ddp_backend(device), 'sum': float(x)}
+                'backend': ddp_backend(device), 'sum': x.item()}
 
 def launcher_ranks():
     """(rank, world size, local rank, local world size) as set by paddle.distributed.launch.
