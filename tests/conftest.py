@@ -17,6 +17,20 @@ needs_mxnet = pytest.mark.skipif('mxnet' not in FRAMEWORKS,
                                  reason='MXNet is not in D2L_TEST_FRAMEWORKS')
 
 
+def saved_signatures(module, label, also=()):
+    """Signatures of the public names `module` saved from section `label` (and of `also`)."""
+    import inspect
+    found = {}
+    for name, obj in vars(module).items():
+        if name.startswith('_') or not callable(obj) or \
+                getattr(obj, '__module__', None) != module.__name__:
+            continue
+        target = obj.__init__ if inspect.isclass(obj) else obj
+        if label in (obj.__doc__ or '') + (target.__doc__ or '') or name in also:
+            found[name] = str(inspect.signature(target))
+    return found
+
+
 @pytest.fixture(params=FRAMEWORKS)
 def framework(request):
     """The name of the framework (tab) under test."""

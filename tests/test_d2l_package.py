@@ -15,7 +15,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import FRAMEWORKS, MODULES, ROOT, tensor as conftest_tensor
+from conftest import FRAMEWORKS, MODULES, ROOT, saved_signatures, tensor as conftest_tensor
 
 
 def tensor(framework, values, dtype='float32'):
@@ -394,20 +394,8 @@ def test_ranks_other_than_zero_stay_silent(d2l, quick, monkeypatch, capsys):
 def test_appendix_helpers_have_the_same_signature_in_every_framework():
     """A public name saved from the appendix has the same parameters in every flavour."""
     import importlib
-    import inspect
     modules = [importlib.import_module(f'd2l.{MODULES[f]}') for f in FRAMEWORKS]
-
-    def saved_here(module):
-        found = {}
-        for name, obj in vars(module).items():
-            if name.startswith('_') or not callable(obj) or \
-                    getattr(obj, '__module__', None) != module.__name__:
-                continue
-            target = obj.__init__ if inspect.isclass(obj) else obj
-            if 'sec_d2l_package' in (obj.__doc__ or '') + (target.__doc__ or ''):
-                found[name] = str(inspect.signature(target))
-        return found
-    seen = [saved_here(m) for m in modules]
+    seen = [saved_signatures(m, 'sec_d2l_package') for m in modules]
     expected = {'fashion_mnist_dirs', 'read_idx_file', 'balanced_subset',
                 'fashion_mnist_arrays', 'describe_mode', 'add_to_class'}
     for found in seen:

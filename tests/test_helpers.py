@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import FRAMEWORKS, MODULES, ROOT
+from conftest import FRAMEWORKS, MODULES, ROOT, saved_signatures
 
 
 # ---------------------------------------------------------------- devices
@@ -466,24 +466,11 @@ def test_a_training_cell_keeps_its_figure_above_its_summary(framework,
 def test_helpers_have_the_same_signature_in_every_framework():
     """A helper of this section has the same parameters in all three flavours."""
     import importlib
-    import inspect
     modules = [importlib.import_module(f'd2l.{MODULES[f]}') for f in FRAMEWORKS]
-
-    def helpers(module):
-        found = {}
-        for name, obj in vars(module).items():
-            if name.startswith('_') or not callable(obj) or \
-                    getattr(obj, '__module__', None) != module.__name__:
-                continue
-            target = obj.__init__ if inspect.isclass(obj) else obj
-            docs = (obj.__doc__ or '') + (target.__doc__ or '')
-            if 'sec_helpers' in docs or name in expected:
-                found[name] = str(inspect.signature(target))
-        return found
     expected = {'try_gpu', 'try_all_gpus', 'try_gpus', 'describe_devices',
                 'Timer', 'Accumulator', 'accuracy', 'evaluate_accuracy_gpu',
                 'sgd', 'Animator', 'load_data_fashion_mnist', 'Residual'}
-    seen = [helpers(m) for m in modules]
+    seen = [saved_signatures(m, 'sec_helpers', also=expected) for m in modules]
     shared = set.intersection(*(set(names) for names in seen))
     assert expected <= shared
     for name in sorted(shared):
