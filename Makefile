@@ -6,6 +6,9 @@ BIN := $(CURDIR)/$(VENV)/bin
 export PYTHONPATH := $(CURDIR)
 export PATH := $(BIN):$(PATH)
 D2LBOOK := $(BIN)/python scripts/d2lbook
+# Test processes at once (pytest-xdist); CI has two cores.
+PYTEST_WORKERS ?= 2
+export PYTEST_WORKERS
 
 .PHONY: help setup lib eval html pdf book publish outputs-status test test-unit test-notebooks test-numpy2 test-browser test-pdf test-rendered bench clean
 
@@ -38,10 +41,11 @@ publish: setup  ## Evaluate PAGES in TABS in full mode (D2L_QUICK=0) and store t
 outputs-status: setup  ## Say for each page and tab whether its stored outputs match its code
 	$(BIN)/python scripts/stored_outputs.py status
 
-test: setup test-unit test-notebooks test-numpy2 test-rendered  ## Unit tests; every notebook in quick mode under nbval; NumPy 2; the rendered HTML and PDF
+test: setup  ## Unit tests; every notebook in quick mode under nbval; NumPy 2; the rendered HTML and PDF
+	scripts/test.sh
 
 test-unit: setup  ## The pytest suite under tests/ (except the browser and PDF checks)
-	$(BIN)/python -m pytest -q -m "not browser and not pdf" tests
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) -m "not browser and not pdf" tests
 
 test-browser: setup  ## Open every page of the built HTML in headless Chromium (BOOK_HTML_DIR)
 	WITH_BROWSER=1 scripts/setup.sh

@@ -73,7 +73,18 @@ def sanitize_config(path, roots):
                             for i, (regex, replace) in enumerate(entries)))
 
 
-def check_tab(root, name, tabs, tab, zip_dir, python):
+def parallel_notebooks():
+    """pytest-xdist options that run NBVAL_WORKERS notebooks at once (default 2), each whole in one worker."""
+    workers = os.environ.get('NBVAL_WORKERS', '2')
+    if not workers.isdigit() or int(workers) < 1:
+        raise SystemExit(f'NBVAL_WORKERS must be a positive integer, got {workers!r}')
+    if int(workers) == 1:
+        return []
+    # loadfile: a notebook's cells share one kernel, so they must stay in one worker.
+    return ['-n', workers, '--dist', 'loadfile']
+
+
+def check_tab(root, name, tabs, tab, zip_dir, python, xdist):
     archive = zip_dir / f'{name}-{tab}.zip'
     if not archive.exists():
         raise SystemExit(f'{archive} is missing: scripts/package_notebooks.py {root} {zip_dir}')
@@ -104,7 +115,7 @@ def check_tab(root, name, tabs, tab, zip_dir, python):
         result = subprocess.run(
             [python, '-m', 'pytest', '-q', '-p', 'no:cacheprovider', '--rootdir', str(work),
              '--nbval-lax', '--nbval-current-env', '--nbval-cell-timeout=1200',
-             '--nbval-sanitize-with', str(sanitize)] +
+             '--nbval-sanitize-with', str(sanitize)] + xdist +
             [str(p.relative_to(folder)) for p in notebooks],
             cwd=folder, env=env)
         return result.returncode
@@ -121,8 +132,9 @@ def main(argv=None):
     root = pathlib.Path(args.root).resolve()
     name, tabs = book_config(root)
     zip_dir = pathlib.Path(args.zips).resolve() if args.zips else root / '_build' / 'zips'
+    xdist = parallel_notebooks()
     failed = [tab for tab in (args.tabs or tabs)
-              if check_tab(root, name, tabs, tab, zip_dir, sys.executable) != 0]
+              if check_tab(root, name, tabs, tab, zip_dir, sys.executable, xdist) != 0]
     if failed:
         print(f'check_notebook_zips: notebooks failed in {", ".join(failed)}', file=sys.stderr)
         return 1

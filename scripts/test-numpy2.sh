@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Readers' GPU instances run NumPy 2 and a current PyTorch, while the book's own
-# environment pins NumPy 1.23.5 for MXNet. This builds a second, small
-# environment (_build/venv-numpy2: the newest PyTorch CPU build on the package
-# index, PaddlePaddle, NumPy 2), runs there the unit tests of the PyTorch and
-# PaddlePaddle flavours (the multi-process scenarios marked slow ran in the
+# environment pins NumPy 1.23.5 for MXNet. In a second, small environment
+# (_build/venv-numpy2 from scripts/numpy2-venv.sh: the newest PyTorch CPU
+# build on the package index, PaddlePaddle, NumPy 2) this runs the unit tests
+# of the PyTorch and PaddlePaddle flavours (the multi-process scenarios marked slow ran in the
 # pinned environment already), and then does with the PyTorch and PaddlePaddle
 # notebook zips that scripts/test-notebooks.sh built what a reader does:
 # unzip, install its d2l, run every notebook under nbval
@@ -16,24 +16,12 @@ if [ ! -d "$book/_build/zips" ]; then
   echo "test-numpy2: $book/_build/zips is missing; run scripts/test-notebooks.sh first" >&2
   exit 1
 fi
-# PyPI's newer torch wheels are CUDA builds that pull about 3 GB of NVIDIA
-# libraries; 2.13.0 is the newest CPU build the index serves.
-want="torch==2.13.0 paddlepaddle==3.3.1 numpy==2.4.6 matplotlib pytest pytest-timeout hypothesis nbval nbclient nbformat ipykernel"
-stamp=$venv/.stamp-editable
-if [ ! -x $venv/bin/python ] || [ "$(cat $stamp 2>/dev/null)" != "$want" ]; then
-  echo "== creating $venv ($want)"
-  rm -rf $venv
-  python3 -m venv $venv
-  $venv/bin/pip install -q $want
-  # As `make setup` does for .venv: `from d2l import torch` from any folder.
-  $venv/bin/pip install -q --no-deps -e .
-  echo "$want" > $stamp
-fi
+scripts/numpy2-venv.sh
 $venv/bin/python -c 'import numpy, torch, paddle; print(f"== NumPy {numpy.__version__}, PyTorch {torch.__version__}, PaddlePaddle {paddle.__version__}")' 2>/dev/null
 export PATH="$PWD/$venv/bin:$PATH" PYTHONPATH="$PWD" D2L_TEST_FRAMEWORKS=pytorch,paddle
 # The section modules; the others check the build (d2lbook, MXNet, the HTML).
 tests=$(ls tests/test_helpers.py tests/test_d2l_package.py tests/test_bad_input.py tests/test_multiple_gpus*.py \
   tests/test_process_groups.py tests/test_distributed_data_parallel.py tests/test_sharded_data_parallel.py \
   tests/test_cost_model.py 2>/dev/null)
-python -m pytest -q -p no:cacheprovider -m "not slow and not browser and not pdf" $tests
+python -m pytest -q -p no:cacheprovider -n ${PYTEST_WORKERS:-2} -m "not slow and not browser and not pdf" $tests
 python scripts/check_notebook_zips.py "$book" --tabs pytorch paddle

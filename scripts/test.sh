@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# make test: the stages one after another (make test-unit, test-notebooks,
+# test-numpy2, test-rendered), while the NumPy-2 environment that
+# test-numpy2 needs is built in the background; prints each stage's time.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mkdir -p _build
+log=_build/numpy2-venv.log
+scripts/numpy2-venv.sh > $log 2>&1 &
+venv_pid=$!
+stop_venv_build() {
+  pkill -TERM -P $venv_pid 2>/dev/null || true  # pip, if still installing
+  kill $venv_pid 2>/dev/null || true
+}
+trap stop_venv_build EXIT
+times=""
+stage() {
+  local began=$SECONDS
+  echo "== make $1"
+  make --no-print-directory "$1"
+  times+="  $1: $((SECONDS - began)) s"$'\n'
+}
+began=$SECONDS
+stage test-unit
+stage test-notebooks
+if ! wait $venv_pid; then
+  cat $log >&2
+  echo "test: building the NumPy-2 environment failed (log above)" >&2
+  exit 1
+fi
+cat $log
+stage test-numpy2
+stage test-rendered
+printf 'test: every stage passed in %d s\n%s' $((SECONDS - began)) "$times"
