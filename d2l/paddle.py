@@ -1221,6 +1221,8 @@ def flat_parameters(net):
     Defined in :numref:`sec_ddp`"""
     return np.concatenate([p.numpy().reshape(-1) for p in net.parameters()])
 
+_manual_seed = paddle.seed  # PyTorch calls it torch.manual_seed
+
 def _wrap_ddp(net, device):
     """`net` wrapped in paddle.DataParallel, on the device process_group set.
 
@@ -1359,7 +1361,7 @@ def model_parallel_ddp_steps(rank, world_size, init_method, num_steps,
 def local_batch_size(batch_size, world_size):
     """Each process's share of a global minibatch of `batch_size`, which must split evenly.
 
-    Defined in :numref:`sec_ddp`"""
+    Defined in :numref:`sec_ddp_resnet`"""
     if batch_size < world_size or batch_size % world_size:
         below = max(world_size, batch_size - batch_size % world_size)
         raise ValueError(
@@ -1368,32 +1370,65 @@ def local_batch_size(batch_size, world_size):
             f'{below} or {below + world_size}')
     return batch_size // world_size
 
+def _sharded_loader(rank, world_size, local_batch):
+    """This rank's loader over the training images, and its sampler.
+
+    Defined in :numref:`sec_ddp_resnet`"""
+    data = paddle.io.TensorDataset(list(fashion_mnist_tensors('train')))
+    sampler = paddle.io.DistributedBatchSampler(
+        data, local_batch, num_replicas=world_size, rank=rank, shuffle=True)
+    return paddle.io.DataLoader(data, batch_sampler=sampler), sampler
+
+def _share_rank0_statistics(net, world_size):
+    """Give every rank the batch-norm statistics (untrainable parameters) of rank 0.
+
+    Defined in :numref:`sec_ddp_resnet`"""
+    for p in net.parameters():
+        if not p.trainable and world_size > 1:  # no group forms for one process
+            dist.broadcast(p, src=0)
+
+def _sum_over_ranks(values, device, world_size):
+    """Elementwise sums of a list of numbers over all ranks, as floats.
+
+    Defined in :numref:`sec_ddp_resnet`"""
+    totals = paddle.to_tensor(values, dtype='float64')  # on the current device
+    if world_size > 1:  # PaddlePaddle forms no group for one process
+        dist.all_reduce(totals)
+    return totals.tolist()
+
 def evaluate_accuracy_ddp(net, device, rank, world_size, batch_size=256):
     """Test accuracy of `net` over all ranks: each scores every world_size-th image, then the counts are summed.
 
-    Defined in :numref:`sec_ddp`"""
-    # PaddlePaddle forms no group for one process, so we skip the collectives.
-    for p in net.parameters():
-        if not p.trainable and world_size > 1:  # batch-norm statistics
-            dist.broadcast(p, src=0)  # everybody uses rank 0's
+    Defined in :numref:`sec_ddp_resnet`"""
+    _share_rank0_statistics(net, world_size)
     X, y = fashion_mnist_tensors('test')
     X, y = X[rank::world_size], y[rank::world_size]  # no image counted twice
-    correct, n = 0.0, 0
-    net.eval()
-    with paddle.no_grad():
-        for i in range(0, y.shape[0], batch_size):
-            correct += accuracy(net(X[i:i + batch_size].to(device)),
-                                y[i:i + batch_size].to(device))
-            n += y[i:i + batch_size].shape[0]
-    counts = paddle.to_tensor([correct, float(n)], dtype='float64')
-    if world_size > 1:
-        dist.all_reduce(counts)  # correct predictions and images of all ranks
-    return float(counts[0] / counts[1])
+    batches = [(X[i:i + batch_size], y[i:i + batch_size])
+               for i in range(0, len(y), batch_size)]
+    correct = round(evaluate_accuracy_gpu(net, batches, device) * len(y))
+    correct, n = _sum_over_ranks([correct, len(y)], device, world_size)
+    return correct / n
+
+def _ddp_epoch(net, optimizer, train_iter, device, world_size):
+    """One epoch on this rank's shards; return the mean training loss over all ranks.
+
+    Defined in :numref:`sec_ddp_resnet`"""
+    net.train()
+    loss_sum, n = 0.0, 0
+    for X, y in train_iter:
+        loss = F.cross_entropy(net(X.to(device)), y.to(device))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        loss_sum += loss.detach() * len(y)  # no wait for the device here
+        n += len(y)
+    loss_sum, n = _sum_over_ranks([loss_sum.item(), n], device, world_size)
+    return loss_sum / n
 
 def _batch_norm_statistics_demo(rank, world_size, init_method, num_steps):
     """Train a perceptron with batch norm under DataParallel; return its running mean before and after a broadcast.
 
-    Defined in :numref:`sec_ddp`"""
+    Defined in :numref:`sec_ddp_resnet`"""
     with process_group(rank, world_size, init_method) as device:
         paddle.seed(0)
         norm = nn.BatchNorm1D(64)
@@ -1406,60 +1441,39 @@ def _batch_norm_statistics_demo(rank, world_size, init_method, num_steps):
         dist.broadcast(norm._mean, src=0)
         return trained, norm._mean.numpy()
 
-def _ddp_epoch(net, optimizer, train_iter, world_size):
-    """One epoch on this rank's shards; return the mean training loss over all ranks.
-
-    Defined in :numref:`sec_ddp`"""
-    net.train()
-    loss_sum, n = 0.0, 0
-    for X, y in train_iter:
-        loss = F.cross_entropy(net(X), y)
-        loss.backward()
-        optimizer.step()
-        optimizer.clear_grad()
-        loss_sum += float(loss) * y.shape[0]
-        n += y.shape[0]
-    totals = paddle.to_tensor([loss_sum, float(n)], dtype='float64')
-    if world_size > 1:  # PaddlePaddle forms no group for one process
-        dist.all_reduce(totals)  # loss sums and counts of all ranks
-    return float(totals[0] / totals[1])  # waits for the device
-
 def train_ddp(rank, world_size, init_method, num_epochs, batch_size, lr,
               local_rank=None, local_world_size=None):
-    """Train d2l.resnet18 on Fashion-MNIST with DataParallel at global batch `batch_size`; return a summary.
+    """Train d2l.resnet18 on Fashion-MNIST with DDP at global batch `batch_size`; return a summary.
 
-    Defined in :numref:`sec_ddp`"""
+    Defined in :numref:`sec_ddp_resnet`"""
     local_batch = local_batch_size(batch_size, world_size)
     with process_group(rank, world_size, init_method, local_rank=local_rank,
                        local_world_size=local_world_size) as device:
-        train_set = paddle.io.TensorDataset(list(fashion_mnist_tensors('train')))
-        sampler = paddle.io.DistributedBatchSampler(
-            train_set, local_batch, num_replicas=world_size, rank=rank,
-            shuffle=True)
-        train_iter = paddle.io.DataLoader(train_set, batch_sampler=sampler)
-        paddle.seed(0)
-        net = _wrap_ddp(resnet18(10), device)
-        optimizer = _sgd(net, lr)
-        summary = {'rank': rank, 'world_size': world_size,
-                   'device': paddle.get_device(), 'backend': ddp_backend(device),
-                   'train_loss': [], 'epoch_s': []}
-        timer = Timer()
+        train_iter, sampler = _sharded_loader(rank, world_size, local_batch)
+        _manual_seed(0)
+        model = resnet18(10)
+        net = _wrap_ddp(model, device)
+        optimizer, timer = _sgd(net, lr), Timer()
+        summary = {'rank': rank, 'world_size': world_size, 'device': str(device),
+                   'backend': ddp_backend(device), 'train_loss': [], 'epoch_s': []}
         for epoch in range(num_epochs):
             sampler.set_epoch(epoch)  # a new shuffle, the same on every rank
             timer.start()
             summary['train_loss'].append(
-                _ddp_epoch(net, optimizer, train_iter, world_size))
+                _ddp_epoch(net, optimizer, train_iter, device, world_size))
             summary['epoch_s'].append(timer.stop())
-        summary['test_acc'] = evaluate_accuracy_ddp(net, device, rank,
+        # The bare model: the wrapper might exchange buffers at each forward.
+        summary['test_acc'] = evaluate_accuracy_ddp(model, device, rank,
                                                     world_size)
-        summary['data'] = describe_mode(quick_mode(num_gpus()), len(train_set),
-                                        fashion_mnist_tensors('test')[1].shape[0])
+        summary['data'] = describe_mode(quick_mode(num_gpus()),
+                                        len(sampler.dataset),
+                                        len(fashion_mnist_tensors('test')[1]))
         return summary
 
 def describe_ddp_run(summary):
     """A few lines about a distributed training run, from one rank's summary.
 
-    Defined in :numref:`sec_ddp`"""
+    Defined in :numref:`sec_ddp_resnet`"""
     s, losses = summary, ', '.join(f'{l:.3f}' for l in summary['train_loss'])
     return (f'{s["world_size"]} processes, backend {s["backend"]}, rank '
             f'{s["rank"]} on {s["device"]}\n{s["data"]}\ntraining loss per '

@@ -1063,6 +1063,8 @@ def flat_parameters(net):
     return torch.cat([p.detach().cpu().reshape(-1)
                       for p in net.parameters()]).numpy()
 
+_manual_seed = torch.manual_seed  # PaddlePaddle calls it paddle.seed
+
 def _wrap_ddp(net, device):
     """`net` moved to `device` and wrapped in DDP.
 
@@ -1218,7 +1220,7 @@ def model_parallel_ddp_steps(rank, world_size, init_method, num_steps,
 def local_batch_size(batch_size, world_size):
     """Each process's share of a global minibatch of `batch_size`, which must split evenly.
 
-    Defined in :numref:`sec_ddp`"""
+    Defined in :numref:`sec_ddp_resnet`"""
     if batch_size < world_size or batch_size % world_size:
         below = max(world_size, batch_size - batch_size % world_size)
         raise ValueError(
@@ -1227,77 +1229,93 @@ def local_batch_size(batch_size, world_size):
             f'{below} or {below + world_size}')
     return batch_size // world_size
 
+def _sharded_loader(rank, world_size, local_batch):
+    """This rank's loader over the training images, and its sampler.
+
+    Defined in :numref:`sec_ddp_resnet`"""
+    data = torch.utils.data.TensorDataset(*fashion_mnist_tensors('train'))
+    sampler = torch.utils.data.DistributedSampler(
+        data, num_replicas=world_size, rank=rank, shuffle=True, seed=0)
+    loader = torch.utils.data.DataLoader(data, local_batch, sampler=sampler)
+    return loader, sampler
+
+def _share_rank0_statistics(net, world_size):
+    """Give every rank the batch-norm statistics (buffers) of rank 0.
+
+    Defined in :numref:`sec_ddp_resnet`"""
+    for buffer in net.buffers():
+        dist.broadcast(buffer, src=0)
+
+def _sum_over_ranks(values, device, world_size):
+    """Elementwise sums of a list of numbers over all ranks, as floats.
+
+    Defined in :numref:`sec_ddp_resnet`"""
+    totals = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(totals)
+    return totals.tolist()
+
 def evaluate_accuracy_ddp(net, device, rank, world_size, batch_size=256):
     """Test accuracy of `net` over all ranks: each scores every world_size-th image, then the counts are summed.
 
-    Defined in :numref:`sec_ddp`"""
-    for buffer in net.buffers():
-        dist.broadcast(buffer, src=0)  # everybody uses rank 0's statistics
+    Defined in :numref:`sec_ddp_resnet`"""
+    _share_rank0_statistics(net, world_size)
     X, y = fashion_mnist_tensors('test')
     X, y = X[rank::world_size], y[rank::world_size]  # no image counted twice
-    counts = torch.zeros(2, dtype=torch.float64, device=device)
-    net.eval()
-    with torch.no_grad():
-        for i in range(0, len(y), batch_size):
-            y_part = y[i:i + batch_size].to(device)
-            counts[0] += accuracy(net(X[i:i + batch_size].to(device)), y_part)
-            counts[1] += len(y_part)
-    dist.all_reduce(counts)  # correct predictions and images of all ranks
-    return (counts[0] / counts[1]).item()
+    batches = [(X[i:i + batch_size], y[i:i + batch_size])
+               for i in range(0, len(y), batch_size)]
+    correct = round(evaluate_accuracy_gpu(net, batches, device) * len(y))
+    correct, n = _sum_over_ranks([correct, len(y)], device, world_size)
+    return correct / n
 
-def _ddp_epoch(net, optimizer, train_iter, device):
+def _ddp_epoch(net, optimizer, train_iter, device, world_size):
     """One epoch on this rank's shards; return the mean training loss over all ranks.
 
-    Defined in :numref:`sec_ddp`"""
+    Defined in :numref:`sec_ddp_resnet`"""
     net.train()
-    totals = torch.zeros(2, dtype=torch.float64, device=device)
+    loss_sum, n = 0.0, 0
     for X, y in train_iter:
-        X, y = X.to(device), y.to(device)
-        loss = F.cross_entropy(net(X), y)
+        loss = F.cross_entropy(net(X.to(device)), y.to(device))
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        totals[0] += loss.detach() * len(y)
-        totals[1] += len(y)
-    dist.all_reduce(totals)  # loss sums and counts of all ranks
-    return (totals[0] / totals[1]).item()  # waits for the device
+        loss_sum += loss.detach() * len(y)  # no wait for the device here
+        n += len(y)
+    loss_sum, n = _sum_over_ranks([loss_sum.item(), n], device, world_size)
+    return loss_sum / n
 
 def train_ddp(rank, world_size, init_method, num_epochs, batch_size, lr,
               local_rank=None, local_world_size=None):
     """Train d2l.resnet18 on Fashion-MNIST with DDP at global batch `batch_size`; return a summary.
 
-    Defined in :numref:`sec_ddp`"""
+    Defined in :numref:`sec_ddp_resnet`"""
     local_batch = local_batch_size(batch_size, world_size)
     with process_group(rank, world_size, init_method, local_rank=local_rank,
                        local_world_size=local_world_size) as device:
-        train_set = torch.utils.data.TensorDataset(
-            *fashion_mnist_tensors('train'))
-        sampler = torch.utils.data.DistributedSampler(
-            train_set, num_replicas=world_size, rank=rank, shuffle=True, seed=0)
-        train_iter = torch.utils.data.DataLoader(train_set, local_batch,
-                                                 sampler=sampler)
-        torch.manual_seed(0)
-        net = _wrap_ddp(resnet18(10), device)
-        optimizer = _sgd(net, lr)
+        train_iter, sampler = _sharded_loader(rank, world_size, local_batch)
+        _manual_seed(0)
+        model = resnet18(10)
+        net = _wrap_ddp(model, device)
+        optimizer, timer = _sgd(net, lr), Timer()
         summary = {'rank': rank, 'world_size': world_size, 'device': str(device),
-                   'backend': dist.get_backend(), 'train_loss': [], 'epoch_s': []}
-        timer = Timer()
+                   'backend': ddp_backend(device), 'train_loss': [], 'epoch_s': []}
         for epoch in range(num_epochs):
             sampler.set_epoch(epoch)  # a new shuffle, the same on every rank
             timer.start()
             summary['train_loss'].append(
-                _ddp_epoch(net, optimizer, train_iter, device))
+                _ddp_epoch(net, optimizer, train_iter, device, world_size))
             summary['epoch_s'].append(timer.stop())
-        summary['test_acc'] = evaluate_accuracy_ddp(net.module, device, rank,
+        # The bare model: the wrapper might exchange buffers at each forward.
+        summary['test_acc'] = evaluate_accuracy_ddp(model, device, rank,
                                                     world_size)
-        summary['data'] = describe_mode(quick_mode(num_gpus()), len(train_set),
+        summary['data'] = describe_mode(quick_mode(num_gpus()),
+                                        len(sampler.dataset),
                                         len(fashion_mnist_tensors('test')[1]))
         return summary
 
 def describe_ddp_run(summary):
     """A few lines about a distributed training run, from one rank's summary.
 
-    Defined in :numref:`sec_ddp`"""
+    Defined in :numref:`sec_ddp_resnet`"""
     s, losses = summary, ', '.join(f'{l:.3f}' for l in summary['train_loss'])
     return (f'{s["world_size"]} processes, backend {s["backend"]}, rank '
             f'{s["rank"]} on {s["device"]}\n{s["data"]}\ntraining loss per '
@@ -1307,13 +1325,13 @@ def describe_ddp_run(summary):
 def timing_batch(global_batch):
     """The first `global_batch` training images and labels (wrapping around), for timing runs.
 
-    Defined in :numref:`sec_ddp`"""
+    Defined in :numref:`sec_ddp_resnet`"""
     return shard_of_batch(*fashion_mnist_tensors('train'), 0, 0, 1, global_batch)
 
 def time_steps(net, optimizer, X, y, num_steps, warmup, device):
     """Average seconds per SGD step on (X, y) after `warmup` untimed steps.
 
-    Defined in :numref:`sec_ddp`"""
+    Defined in :numref:`sec_ddp_resnet`"""
     for n in (warmup, num_steps):
         began = time.perf_counter()
         for _ in range(n):
@@ -1328,7 +1346,7 @@ def time_data_parallel(num_devices, global_batch, num_steps, warmup=1,
                        model_fn=None):
     """Seconds per training step with nn.DataParallel over GPUs 0..num_devices-1 (plain model on the CPU without them).
 
-    Defined in :numref:`sec_ddp`"""
+    Defined in :numref:`sec_ddp_resnet`"""
     if type(num_devices) is not int or num_devices < 1:
         raise ValueError(f'num_devices must be a positive int, got {num_devices!r}')
     use_gpus = num_gpus() >= num_devices
@@ -1344,7 +1362,7 @@ def time_data_parallel(num_devices, global_batch, num_steps, warmup=1,
 def time_ddp(world_size, global_batch, num_steps, warmup=1, model_fn=None):
     """Seconds per training step with DDP, `world_size` processes sharing `global_batch` examples.
 
-    Defined in :numref:`sec_ddp`"""
+    Defined in :numref:`sec_ddp_resnet`"""
     local_batch_size(global_batch, world_size)  # fail here, not in every child
     return spawn_ranks(_time_ddp_worker, world_size, local_init_method(),
                        global_batch, num_steps, warmup, model_fn)[0]
@@ -1353,7 +1371,7 @@ def _time_ddp_worker(rank, world_size, init_method, global_batch, num_steps,
                      warmup, model_fn):
     """One process of time_ddp: time the steps on its shard; return the slowest rank's time.
 
-    Defined in :numref:`sec_ddp`"""
+    Defined in :numref:`sec_ddp_resnet`"""
     with process_group(rank, world_size, init_method) as device:
         torch.manual_seed(0)
         net = _wrap_ddp(model_fn() if model_fn else resnet18(10), device)

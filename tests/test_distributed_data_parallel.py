@@ -18,15 +18,6 @@ from test_process_groups import (  # noqa: F401  (ddp is a fixture)
 # ---- Fast checks of the helpers: no processes are started. ----
 
 
-def test_uneven_global_batch_is_rejected_with_a_suggestion(ddp):
-    assert ddp.local_batch_size(512, 2) == 256
-    assert ddp.local_batch_size(6, 6) == 1
-    with pytest.raises(ValueError, match='multiple of 3, such as 99 or 102'):
-        ddp.local_batch_size(100, 3)
-    with pytest.raises(ValueError, match='multiple of 4, such as 4 or 8'):
-        ddp.local_batch_size(2, 4)
-
-
 def test_both_flavours_share_one_api():
     import inspect
     from d2l import paddle as d2l_paddle
@@ -166,24 +157,6 @@ def test_rank_stuck_longer_than_the_timeout_makes_the_other_raise(ddp,
     assert seconds < 60
 
 
-@pytest.mark.slow
-def test_ddp_timing_functions_return_seconds_per_step(ddp, framework):
-    if framework == 'paddle':
-        pytest.skip('the DataParallel-vs-DDP measurement is PyTorch only')
-    result = run_scenario(framework, """
-        import functools
-        small = functools.partial(d2l._small_mlp, 0)
-        report([d2l.time_data_parallel(2, 32, 2, model_fn=small),
-                d2l.time_ddp(2, 32, 2, model_fn=small)])
-        """)
-    dp_s, ddp_s = result
-    assert 0 < dp_s < 5 and 0 < ddp_s < 5
-    with pytest.raises(ValueError, match='multiple of 2'):
-        ddp.time_ddp(2, 33, 1)
-    with pytest.raises(ValueError, match='num_devices'):
-        ddp.time_data_parallel(0, 32, 1)
-
-
 def test_mxnet_local_kvstore_sums_what_the_contexts_push(framework):
     if framework != 'mxnet':
         pytest.skip('the KVStore example is the MXNet tab')
@@ -198,21 +171,6 @@ def test_mxnet_local_kvstore_sums_what_the_contexts_push(framework):
     for s in sums:
         assert s.tolist() == [3.0, 3.0, 3.0]
     assert (kv.rank, kv.num_workers) == (0, 1)
-
-
-@pytest.mark.slow
-def test_paddle_ranks_keep_their_own_batch_norm_statistics(framework):
-    if framework != 'paddle':
-        pytest.skip('PyTorch DDP broadcasts buffers at every forward pass')
-    result = run_scenario(framework, """
-        ranks = d2l.spawn_ranks(d2l._batch_norm_statistics_demo, 2, 'env://',
-                                3, backend='gloo')
-        report([[a.tolist() for a in r] for r in ranks])
-        """)
-    (mean0, synced0), (mean1, synced1) = [[np.array(a) for a in r]
-                                          for r in result]
-    assert np.abs(mean0 - mean1).max() > 1e-4  # trained on different shards
-    assert np.array_equal(synced0, synced1)  # until rank 0's are broadcast
 
 
 # ---- The notebook: multi-process cells, in order, in one kernel (issue #11 item 6). ----
@@ -237,28 +195,18 @@ def tab_cells(page, tab, default_tab='pytorch'):
     return cells
 
 
-def cells_before_training(page, tab):
-    """The page's cells up to its ResNet-18 training (whose cost CI does not repeat)."""
-    cells = []
-    for code in tab_cells(page, tab):
-        if 'd2l.train_ddp' in code:
-            break
-        cells.append(code)
-    return cells
-
-
 def multi_process_cells(tab):
-    """Cells of both pages, in book order, that start processes (before the ResNet-18 training)."""
-    return [code for page in PAGES for code in cells_before_training(page, tab)
+    """Cells of both pages, in book order, that start processes."""
+    return [code for page in PAGES for code in tab_cells(page, tab)
             if 'spawn_ranks(' in code and '#@save' not in code]
 
 
 def run_in_one_kernel(tab, repeats, timeout_s=300):
-    """Run both pages' cells up to the ResNet-18 training once (process groups
-    first), then their multi-process cells again `repeats - 1` times, all in one
-    Jupyter kernel; return the failures."""
+    """Run both pages' cells once (process groups first), then their
+    multi-process cells again `repeats - 1` times, all in one Jupyter kernel;
+    return the failures. (ResNet-18 training is on the next page.)"""
     from jupyter_client.manager import start_new_kernel
-    setup = [code for page in PAGES for code in cells_before_training(page, tab)]
+    setup = [code for page in PAGES for code in tab_cells(page, tab)]
     env = dict(scenario_env(), PYDEVD_DISABLE_FILE_VALIDATION='1')
     manager, client = start_new_kernel(kernel_name='python3', env=env,
                                        cwd=str(PAGES[0].parent))
