@@ -66,7 +66,9 @@ DIRTY = re.compile(
     r'Modified FLAGS detected'
     r'|^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+\s+[\w./-]+:\d+\]'
     r'|FatalError|Process abort signal|\*\*\* Aborted at|C\+\+ Traceback'
-    r'|terminate called after throwing|Error Message Summary', re.M)
+    r'|terminate called after throwing|Error Message Summary'
+    # Python logging in PaddlePaddle's format, e.g. matplotlib's font cache note.
+    r'|^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+\] \[\s*(?:DEBUG|INFO|WARNING)\]', re.M)
 
 
 def dirty_lines(text):
@@ -567,7 +569,10 @@ def execute(book, page, tab, nb, env, timeout=None):
 def matplotlib_env(tmp):
     """Fixed SVG ids from matplotlib, so that a rerun of a figure diffs as unchanged."""
     (tmp / 'matplotlibrc').write_text('svg.hashsalt: d2l-stored-outputs\n')
-    return {'MPLCONFIGDIR': str(tmp)}
+    # MATPLOTLIBRC, not MPLCONFIGDIR: an empty config folder would make
+    # matplotlib rebuild its font cache and log that into the first figure's
+    # cell (PaddlePaddle prints INFO logs).
+    return {'MATPLOTLIBRC': str(tmp / 'matplotlibrc')}
 
 
 def single_stream(cell):

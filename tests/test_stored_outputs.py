@@ -292,6 +292,7 @@ def test_committed_stored_outputs_stay_small():
     'W0101 00:00:00.000 12 dynamic_loader.cc:3] cannot find',
     'FatalError: `Process abort signal` is detected by the operating system.',
     '*** Aborted at 1763800000 (unix time) try "date -d @1763800000" if you are using GNU date ***',
+    '[2026-11-22 09:21:21,752] [    INFO] font_manager.py:1639 - generated new fontManager',
 ])
 def test_framework_banners_and_cpp_log_lines_are_recognised(text):
     assert so.dirty_lines('epoch 1, loss 0.25\n' + text + '\ntest accuracy 0.91') == [text]
