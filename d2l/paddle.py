@@ -1221,8 +1221,6 @@ def flat_parameters(net):
     Defined in :numref:`sec_ddp`"""
     return np.concatenate([p.numpy().reshape(-1) for p in net.parameters()])
 
-_manual_seed = paddle.seed  # PyTorch calls it torch.manual_seed
-
 def _wrap_ddp(net, device):
     """`net` wrapped in paddle.DataParallel, on the device process_group set.
 
@@ -1370,6 +1368,8 @@ def local_batch_size(batch_size, world_size):
             f'{below} or {below + world_size}')
     return batch_size // world_size
 
+_manual_seed = paddle.seed  # PyTorch calls it torch.manual_seed
+
 def _sharded_loader(rank, world_size, local_batch):
     """This rank's loader over the training images, and its sampler.
 
@@ -1383,8 +1383,10 @@ def _share_rank0_statistics(net, world_size):
     """Give every rank the batch-norm statistics (untrainable parameters) of rank 0.
 
     Defined in :numref:`sec_ddp_resnet`"""
+    if world_size == 1:  # PaddlePaddle forms no group for one process
+        return
     for p in net.parameters():
-        if not p.trainable and world_size > 1:  # no group forms for one process
+        if not p.trainable:
             dist.broadcast(p, src=0)
 
 def _sum_over_ranks(values, device, world_size):

@@ -1063,8 +1063,6 @@ def flat_parameters(net):
     return torch.cat([p.detach().cpu().reshape(-1)
                       for p in net.parameters()]).numpy()
 
-_manual_seed = torch.manual_seed  # PaddlePaddle calls it paddle.seed
-
 def _wrap_ddp(net, device):
     """`net` moved to `device` and wrapped in DDP.
 
@@ -1228,6 +1226,8 @@ def local_batch_size(batch_size, world_size):
             f'{world_size} processes; use a multiple of {world_size}, such as '
             f'{below} or {below + world_size}')
     return batch_size // world_size
+
+_manual_seed = torch.manual_seed  # PaddlePaddle calls it paddle.seed
 
 def _sharded_loader(rank, world_size, local_batch):
     """This rank's loader over the training images, and its sampler.
