@@ -2,6 +2,7 @@
 import importlib
 import os
 import pathlib
+import re
 import sys
 
 import pytest
@@ -29,6 +30,33 @@ def saved_signatures(module, label, also=()):
         if label in (obj.__doc__ or '') + (target.__doc__ or '') or name in also:
             found[name] = str(inspect.signature(target))
     return found
+
+
+# The book's code cells, as d2lbook reads them from a page's markdown.
+CELL = re.compile(r'^```\{\.python \.input\}\n(.*?)^```', re.M | re.S)
+
+
+def tab_cells(page, tab, default_tab='pytorch'):
+    """The code cells of the markdown `page` in `tab`, in order, as d2lbook assigns them."""
+    cells = []
+    for code in CELL.findall(page.read_text()):
+        first = code.split('\n', 1)[0].strip()
+        if first.startswith('#@tab'):
+            tabs = [t.strip() for t in first[len('#@tab'):].split(',')]
+            if 'all' not in tabs and tab not in tabs:
+                continue
+        elif tab != default_tab:
+            continue
+        cells.append(code)
+    return cells
+
+
+def hidden_definitions(page, tab=None, default_tab='pytorch'):
+    """Functions defined in the `#@hide` cells of the markdown `page` (of `tab`, or of every tab)."""
+    cells = (tab_cells(page, tab, default_tab) if tab
+             else CELL.findall(page.read_text()))
+    return [name for cell in cells if re.search(r'^#@hide\s*$', cell, re.M)
+            for name in re.findall(r'^def (\w+)\(', cell, re.M)]
 
 
 @pytest.fixture(params=FRAMEWORKS)

@@ -2,11 +2,10 @@
 
 Multi-process scenarios run under the harness of tests/test_process_groups.py.
 """
-import re
-
 import numpy as np
 import pytest
 
+from conftest import tab_cells
 from test_process_groups import (  # noqa: F401  (ddp is a fixture)
     ROOT, ddp, run_scenario)
 
@@ -15,9 +14,7 @@ PAGE = ROOT / 'chapter_multi_gpu' / 'ddp-resnet18.md'
 
 def page_deal():
     """The page's `deal`, from its cell (it is a demonstration, not in d2l)."""
-    cell = next(code for code in re.findall(r'```\{\.python \.input\}\n(.*?)```',
-                                            PAGE.read_text(), re.S)
-                if 'def deal(' in code)
+    cell = next(code for code in tab_cells(PAGE, 'pytorch') if 'def deal(' in code)
     namespace = {}
     exec(cell.split('\nfor rank in', 1)[0], namespace)
     return namespace['deal']

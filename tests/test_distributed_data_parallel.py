@@ -11,6 +11,7 @@ import re
 import numpy as np
 import pytest
 
+from conftest import tab_cells
 from test_process_groups import (  # noqa: F401  (ddp is a fixture)
     ROOT, ddp, run_scenario, scenario_env)
 
@@ -177,22 +178,6 @@ def test_mxnet_local_kvstore_sums_what_the_contexts_push(framework):
 
 PAGES = [ROOT / 'chapter_multi_gpu' / name
          for name in ('process-groups.md', 'distributed-data-parallel.md')]
-
-
-def tab_cells(page, tab, default_tab='pytorch'):
-    """The code cells of `page` in `tab`, in order, as d2lbook assigns them."""
-    cells = []
-    for code in re.findall(r'```\{\.python \.input\}\n(.*?)```', page.read_text(),
-                           re.S):
-        first = code.split('\n', 1)[0].strip()
-        if first.startswith('#@tab'):
-            tabs = [t.strip() for t in first[len('#@tab'):].split(',')]
-            if 'all' not in tabs and tab not in tabs:
-                continue
-        elif tab != default_tab:
-            continue
-        cells.append(code)
-    return cells
 
 
 def multi_process_cells(tab):

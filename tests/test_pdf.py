@@ -16,6 +16,8 @@ import subprocess
 
 import pytest
 
+from conftest import hidden_definitions, tab_cells
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CONFIG = configparser.ConfigParser()
 CONFIG.read(ROOT / 'config.ini')
@@ -23,7 +25,6 @@ NAME = CONFIG['project']['name']
 TABS = [t.strip() for t in CONFIG['build']['tabs'].split(',')]
 PDF = pathlib.Path(os.environ.get('BOOK_PDF', ROOT / '_build' / 'pdf' / f'{NAME}.pdf'))
 CODE_FENCE = re.compile(r'^```.*?^```', re.M | re.S)
-CELL = re.compile(r'^```\{\.python \.input\}\n(.*?)^```', re.M | re.S)
 
 pytestmark = pytest.mark.pdf
 
@@ -49,18 +50,9 @@ def headings(md):
     return found
 
 
-def cell_tabs(cell):
-    first = cell.splitlines()[0] if cell.strip() else ''
-    match = re.match(r'#@tab\s+(.+)', first)
-    if not match:
-        return {TABS[0]}
-    tabs = {t.strip() for t in match[1].split(',')}
-    return set(TABS) if 'all' in tabs else tabs
-
-
 def code_lines(md, tab):
     """The stripped code lines of every cell the tab shows, in order."""
-    return [line.strip() for cell in CELL.findall(md) if tab in cell_tabs(cell)
+    return [line.strip() for cell in tab_cells(md, tab, default_tab=TABS[0])
             for line in cell.splitlines() if line.strip()]
 
 
@@ -111,7 +103,7 @@ def test_pdf_shows_the_code_of_every_section(text):
     flat = squash(text)
     checked, missing = 0, []
     for md in sources():
-        line = first_code_line(md.read_text(), TABS[0])
+        line = first_code_line(md, TABS[0])
         if line is None:
             continue
         checked += 1
@@ -169,7 +161,7 @@ def test_each_frameworks_pdf_shows_its_own_code(tab):
     if not path.exists():
         pytest.skip(f'the {tab} PDF was not built (PDF_TABS)')
     flat = squash(pdf_text(path))
-    lines = [first_code_line(md.read_text(), tab) for md in sources()]
+    lines = [first_code_line(md, tab) for md in sources()]
     lines = [line for line in lines if line]
     assert lines, f'no section has {tab} code'
     missing = [line for line in lines if squash(line) not in flat]
@@ -179,10 +171,8 @@ def test_each_frameworks_pdf_shows_its_own_code(tab):
 def test_pdf_leaves_out_the_code_of_hidden_cells(text):
     """d2lbook drops `#@hide` cells (argument checks, framework workarounds) from the PDF."""
     flat = squash(text)
-    hidden = [name for md in sources() for cell in CELL.findall(md.read_text())
-              if re.search(r'^#@hide\s*$', cell, re.M) and TABS[0] in cell_tabs(
-                  '\n'.join(l for l in cell.splitlines() if not l.startswith('#@hide')))
-              for name in re.findall(r'^def (\w+)\(', cell, re.M)]
+    hidden = [name for md in sources()
+              for name in hidden_definitions(md, TABS[0], default_tab=TABS[0])]
     assert hidden, 'no #@hide cell in the first tab: this test would check nothing'
     shown = [name for name in hidden if f'def {name}(' in flat]
     assert shown == [], 'hidden cells appear in the PDF'

@@ -8,6 +8,7 @@ CHROMIUM names another binary. Pages are derived from the book's markdown
 sources, so a section added to a chapter (chapter_multi_gpu/, the appendix in
 chapter_appendix/) is covered without editing this file.
 """
+import functools
 import html as html_lib
 import importlib.util
 import json
@@ -21,6 +22,8 @@ from html.parser import HTMLParser
 from urllib.parse import unquote, urlparse
 
 import pytest
+
+from conftest import hidden_definitions
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 HTML_DIR = pathlib.Path(os.environ.get('BOOK_HTML_DIR', ROOT / '_build' / 'html')).resolve()
@@ -418,18 +421,15 @@ def test_each_section_says_once_where_its_outputs_come_from(html_dir, page_path)
         f'{page_path} does not say on which devices and when its outputs were computed')
 
 
-def hidden_definitions(md):
-    """Functions defined in the page's `#@hide` cells, which the rendered page must not show."""
-    names = []
-    for cell in re.findall(r'^```\{\.python \.input\}\n(.*?)^```', md, re.M | re.S):
-        if re.search(r'^#@hide\s*$', cell, re.M):
-            names += re.findall(r'^def (\w+)\(', cell, re.M)
-    return names
+@functools.cache
+def saved_library():
+    """The text of d2l/torch.py, d2l/mxnet.py and d2l/paddle.py, read once."""
+    return ''.join((ROOT / 'd2l' / f'{m}.py').read_text() for m in ('torch', 'mxnet', 'paddle'))
 
 
 HIDDEN = [(md.relative_to(ROOT).with_suffix('.html').as_posix(), name)
           for md in sorted(ROOT.glob('chapter_*/*.md'))
-          for name in hidden_definitions(md.read_text())]
+          for name in hidden_definitions(md)]
 
 
 def test_some_pages_hide_cells():
@@ -440,6 +440,4 @@ def test_some_pages_hide_cells():
 def test_a_hidden_cell_runs_but_its_code_stays_off_the_page(html_dir, page_path, name):
     """d2lbook drops `#@hide` cells from the HTML; the notebooks and `d2l` keep them."""
     assert f'def {name}(' not in page_text(html_dir / page_path)
-    module = (ROOT / 'd2l' / 'torch.py').read_text() + (ROOT / 'd2l' / 'paddle.py').read_text() \
-        + (ROOT / 'd2l' / 'mxnet.py').read_text()
-    assert f'def {name}(' in module, f'{name} is hidden but not saved into d2l'
+    assert f'def {name}(' in saved_library(), f'{name} is hidden but not saved into d2l'
