@@ -2201,6 +2201,9 @@ def add_to_class(Class):
         setattr(Class, method.__name__, method)
     return attach
 
+if 'FLAGS_paddle_num_threads' not in os.environ:
+    paddle.base.core.set_num_threads(os.cpu_count() or 1)
+
 FASHION_MNIST_SHA256 = {  # of the unpacked IDX bytes, so any gzip wrapping verifies
     'train-images-idx3-ubyte':
     'c59f468a2f672dc815687fe0f83887768d799fd8a3f3276145d20f83aa44d888',

@@ -402,3 +402,38 @@ def test_appendix_helpers_have_the_same_signature_in_every_framework():
         assert expected <= set(found), expected - set(found)
     for name in expected:
         assert len({found[name] for found in seen}) == 1, name
+
+
+# ---------------------------------------------------------------- CPU threads
+
+_COUNT_THREADS = """
+import os, sys
+import paddle
+if sys.argv[1] == 'd2l':
+    from d2l import paddle as d2l
+x, w = paddle.rand([8, 16, 28, 28]), paddle.rand([16, 16, 3, 3])
+paddle.nn.functional.conv2d(x, w, padding=1).numpy()
+print(len(os.listdir('/proc/self/task')))
+"""
+
+
+def _threads_after_a_convolution(importing, env=None):
+    """OS threads of a fresh Python that imports paddle (and d2l) and runs one convolution."""
+    out = subprocess.run(
+        [sys.executable, '-c', _COUNT_THREADS, importing], capture_output=True,
+        text=True, timeout=300, cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT), **(env or {})))
+    assert out.returncode == 0, out.stderr[-2000:]
+    return int(out.stdout.split()[-1])
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason='needs two cores')
+@pytest.mark.skipif(not pathlib.Path('/proc/self/task').is_dir(), reason='Linux only')
+def test_paddle_package_runs_cpu_kernels_on_every_core():
+    pytest.importorskip('paddle')
+    plain = _threads_after_a_convolution('plain')
+    # One pool thread joins the calling thread per further core.
+    assert _threads_after_a_convolution('d2l') == plain + os.cpu_count() - 1
+    # A reader's own FLAGS_paddle_num_threads is left alone.
+    assert _threads_after_a_convolution(
+        'd2l', {'FLAGS_paddle_num_threads': '1'}) == plain
