@@ -10,6 +10,7 @@ import importlib.util
 import json
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -322,3 +323,23 @@ def test_the_note_sits_under_the_title_and_comes_off_exactly(source):
     assert noted.index('Here.') > noted.index('# T') and noted.index('Here.') < len(noted) - len(
         source.split('\n\n', 1)[-1]) + 1
     assert so.strip_note(nb).cells[0].source == source
+
+
+ACCURACY = re.compile(r'test accuracy (\d+\.\d+)')
+
+
+@pytest.mark.parametrize('path', stored_notebooks(), ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_every_stored_training_run_learns_and_shows_its_curve(path):
+    """A full-mode run that prints a test accuracy reached at least 0.80 and left its figure."""
+    nb = nbformat.read(str(path), as_version=4)
+    for cell in so.code_cells(nb):
+        texts = [o.get('text', '') for o in cell.outputs if o.get('output_type') == 'stream']
+        accuracies = [float(a) for t in texts for a in ACCURACY.findall(t)]
+        if not accuracies:
+            continue
+        assert min(accuracies) >= 0.80, (
+            f'{path}: a training cell printed test accuracy {min(accuracies)}')
+        if 'Animator' in cell.source or 'train(' in cell.source:
+            assert any(m.startswith('image/') for o in cell.outputs
+                       for m in o.get('data', {})), (
+                f'{path}: the training cell {cell.source[:60]!r} shows no figure')
