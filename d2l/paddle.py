@@ -744,6 +744,8 @@ def _train_concise_worker(net_fn, seed, num_epochs, batch_size, lr, folder):
     dist.init_parallel_env()  # also makes this process's GPU the current one
     world = dist.get_world_size()
     device = paddle.get_device()  # 'gpu:<rank's GPU>' or 'cpu'
+    if device == 'cpu':  # the processes share the cores
+        paddle.base.core.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     paddle.seed(seed)
     model = paddle.DataParallel(net_fn())  # copies rank 0's parameters to all
     train_iter, _ = d2l.load_data_fashion_mnist(batch_size // world)
@@ -918,6 +920,9 @@ def process_group(rank, world_size, init_method='env://', timeout_s=None,
                              'Gloo group has no timeout')
         os.environ['PADDLE_PG_TIMEOUT'] = str(int(timeout_s * 1000))
     paddle.set_device(device)
+    if ddp_backend(device) == 'gloo':  # the processes share the CPU's cores
+        paddle.base.core.set_num_threads(
+            max(1, (os.cpu_count() or 1) // local_world_size))
     dist.init_parallel_env()
     try:
         yield device
@@ -1938,14 +1943,19 @@ def time_compute(model, batch_size, threads=None, num_steps=2, warmup=1,
     _check_sizes([4], reps)
     if threads is not None:
         paddle.base.core.set_num_threads(threads)
-    paddle.seed(0)
-    net = cost_model_net(model)
-    runs = [(net, paddle.optimizer.SGD(learning_rate=0.01,
-                                       parameters=net.parameters()),
-             dict(accumulate=1, bf16=bf16))]
-    X, y = timing_batch(batch_size)
-    return _slowest_medians([_time_runs(runs, X, y, num_steps, warmup,
-                                        reps)])[0]
+    try:
+        paddle.seed(0)
+        net = cost_model_net(model)
+        runs = [(net, paddle.optimizer.SGD(learning_rate=0.01,
+                                           parameters=net.parameters()),
+                 dict(accumulate=1, bf16=bf16))]
+        X, y = timing_batch(batch_size)
+        return _slowest_medians([_time_runs(runs, X, y, num_steps, warmup,
+                                            reps)])[0]
+    finally:  # Paddle cannot report its setting: back to the package's
+        if threads is not None:
+            paddle.base.core.set_num_threads(int(os.environ.get(
+                'FLAGS_paddle_num_threads', os.cpu_count() or 1)))
 
 def _check_configs(configs):
     """Fill in the defaults of each DDP configuration dict and reject unknown keys or values.

@@ -350,6 +350,23 @@ def fail_on_rank_0(rank, world_size, init_method, framework):
     return 'finished'
 
 
+def cpu_threads_in_group(rank, world_size, init_method, framework):
+    """Threads this rank computes with inside a CPU group: PyTorch's setting, or the pool threads a Paddle convolution starts plus one."""
+    import os
+    if framework == 'pytorch':
+        import torch
+        from d2l import torch as d2l
+        with d2l.process_group(rank, world_size, init_method):
+            return torch.get_num_threads()
+    import paddle
+    from d2l import paddle as d2l
+    with d2l.process_group(rank, world_size, init_method):
+        before = len(os.listdir('/proc/self/task'))
+        x, w = paddle.rand([8, 16, 28, 28]), paddle.rand([16, 16, 3, 3])
+        paddle.nn.functional.conv2d(x, w, padding=1).numpy()
+        return len(os.listdir('/proc/self/task')) - before + 1
+
+
 def sleep_and_write(rank, world_size, seconds, marker_dir):
     """Leave a file with this process's id, then sleep."""
     import os
@@ -364,6 +381,27 @@ def workers_env(tmp_path):
     """Scenario environment in which `import ddp_test_workers` finds WORKERS."""
     (tmp_path / 'ddp_test_workers.py').write_text(WORKERS)
     return dict(scenario_env(), PYTHONPATH=f'{ROOT}{os.pathsep}{tmp_path}')
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason='needs two cores')
+@pytest.mark.skipif(not pathlib.Path('/proc/self/task').is_dir(), reason='Linux only')
+def test_ranks_on_the_cpu_share_its_cores_instead_of_each_taking_all(
+        ddp, framework, tmp_path):
+    init = ('d2l.local_init_method()' if framework == 'pytorch'
+            else "'env://'")
+    module = {'pytorch': 'torch', 'paddle': 'paddle'}[framework]
+    code = textwrap.dedent(f'''
+        import json
+        import ddp_test_workers
+        from d2l import {module} as d2l
+        if __name__ == '__main__':
+            threads = d2l.spawn_ranks(ddp_test_workers.cpu_threads_in_group, 2,
+                                      {init}, {framework!r})
+            print({RESULT!r} + json.dumps(threads), flush=True)
+    ''')
+    proc = start([sys.executable, '-c', code], env=workers_env(tmp_path))
+    out, err = finish(proc, 240)
+    assert result_of(out, err, proc) == [os.cpu_count() // 2] * 2
 
 
 @pytest.mark.slow
