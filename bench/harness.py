@@ -300,7 +300,8 @@ def format_table(results):
                                  f'{r["accumulate"]} (s/micro-batch)',
                              f'predicted {r["predicted_s"]:.4f} / measured '
                              f'{r["measured_s"]:.4f}',
-                             f'error {r["error"]:+.0%}'))
+                             f'error {r["error"]:+.0%} (from one process '
+                             f'alone {r["error_from_alone"]:+.0%})'))
         if 'scratch_lenet' in res and 'model_ratio' in res['scratch_lenet']:
             m = res['scratch_lenet']
             rows.append((fw, 'from-scratch LeNet 2dev/1dev, cost model',

@@ -311,7 +311,9 @@ def cost_model(ops, s):
     """The cost-model section's prediction of seconds per micro-batch of DDP
     (k processes; default buckets and accumulation over two micro-batches;
     LeNet and ResNet-18) against the measured time, with alpha and beta
-    fitted to all_reduce timings and t_compute from one process alone."""
+    fitted to all_reduce timings and t_compute timed while all k processes
+    train plain copies (the prediction from one process alone, times the
+    core-sharing factor, comes along for comparison)."""
     import os
     if ops.name == 'mxnet':
         raise Missing('MXNet has no multi-process data-parallel wrapper; the '
@@ -332,22 +334,33 @@ def cost_model(ops, s):
                    for k in s['cm_ks'] if k > 1}
     fits = {k: fit_alpha_beta(sizes, t, k) for k, t in allreduce_s.items()}
     grad = {m: gradient_bytes(cost_model_net(m)) for m in models}
-    configs = [dict(model=m, accumulate=a) for m in models for a in (1, 2)]
+    # Per model: plain copies (the computation while all k processes run),
+    # then DDP without and with accumulation.
+    configs = [dict(model=m, ddp=ddp, accumulate=a) for m in models
+               for a in (1, 2) for ddp in (False, True)]
     rows = []
     for k in s['cm_ks']:
         threads = max(1, cores // k)  # what the DDP section gives a process
         alpha, beta = fits.get(k, (0.0, 0.0))
-        compute = {m: time_compute(m, batch // k, threads, steps, reps=reps)
-                   for m in models}
+        alone = {m: time_compute(m, batch // k, threads, steps, reps=reps)
+                 for m in models}
         measured = time_ddp_configs(k, configs, batch, steps, reps=reps)
+        compute = {}
         for c, t in zip(configs, measured):
-            p = predict_step_time(compute[c['model']], grad[c['model']], k,
-                                  alpha, beta, cores, threads,
-                                  accumulate=c['accumulate'])
-            rows.append(dict(model=c['model'], k=k,
-                             accumulate=c['accumulate'], threads=threads,
-                             compute_s=compute[c['model']], predicted_s=p,
-                             measured_s=t, error=p / t - 1))
+            m, a = c['model'], c['accumulate']
+            if not c['ddp']:
+                compute[m, a] = t
+                continue
+            p_alone = predict_step_time(alone[m], grad[m], k, alpha, beta,
+                                        cores, threads, accumulate=a)
+            p = predict_step_time(compute[m, a], grad[m], k, alpha, beta,
+                                  accumulate=a)
+            rows.append(dict(model=m, k=k, accumulate=a, threads=threads,
+                             compute_alone_s=alone[m],
+                             compute_at_once_s=compute[m, a],
+                             predicted_from_alone_s=p_alone,
+                             error_from_alone=p_alone / t - 1,
+                             predicted_s=p, measured_s=t, error=p / t - 1))
     return dict(cores=cores, global_batch=batch, steps=steps, reps=reps,
                 sizes=sizes, allreduce_s=allreduce_s, alpha_beta=fits,
                 gradient_bytes=grad, rows=rows,

@@ -1766,17 +1766,19 @@ def _slowest_medians(per_process):
     rounds = [[max(col) for col in zip(*rows)] for rows in zip(*per_process)]
     return [statistics.median(col) for col in zip(*rounds)]
 
-def time_all_reduce(world_size, sizes, reps=3):
-    """Median seconds of one all_reduce of each byte size in `sizes` over `world_size` processes.
+def time_all_reduce(world_size, sizes, reps=3, calls=5):
+    """Median seconds per all_reduce of each byte size in `sizes` over `world_size` processes, timed over `calls` in a row.
 
     Defined in :numref:`sec_cost_model`"""
     sizes = _check_sizes(sizes, reps)
+    _check_int('calls', calls, 1)
     _check_world_of_two(world_size)
     return _slowest_medians(spawn_ranks(
-        _all_reduce_worker, world_size, local_init_method(), sizes, reps))
+        _all_reduce_worker, world_size, local_init_method(), sizes, reps,
+        calls))
 
-def _all_reduce_worker(rank, world_size, init_method, sizes, reps):
-    """One process of time_all_reduce: its seconds for each size in alternating rounds.
+def _all_reduce_worker(rank, world_size, init_method, sizes, reps, calls):
+    """One process of time_all_reduce: its seconds per call for each size in alternating rounds.
 
     Defined in :numref:`sec_cost_model`"""
     with process_group(rank, world_size, init_method) as device:
@@ -1785,8 +1787,10 @@ def _all_reduce_worker(rank, world_size, init_method, sizes, reps):
             dist.all_reduce(x)  # untimed: the first call sets up buffers
         sync = (lambda: torch.cuda.synchronize(device)) \
             if device.type == 'cuda' else (lambda: None)
-        return _alternating_rounds([lambda x=x: dist.all_reduce(x)
-                                    for x in bufs], reps, dist.barrier, sync)
+        seconds = _alternating_rounds(
+            [lambda x=x: [dist.all_reduce(x) for _ in range(calls)]
+             for x in bufs], reps, dist.barrier, sync)
+        return [[s / calls for s in row] for row in seconds]
 
 def ddp_buckets(num_bytes, bucket_cap_mb=25, first_bucket_mb=1):
     """Sizes in bytes of the gradient buckets DDP makes of `num_bytes`, ignoring parameter boundaries.
@@ -1835,8 +1839,9 @@ def gradient_bytes(net):
     Defined in :numref:`sec_cost_model`"""
     return sum(p.numel() * 4 for p in net.parameters() if p.requires_grad)
 
-def _sgd_steps(net, optimizer, X, y, num_steps, accumulate=1, bf16=False):
-    """Take `num_steps` SGD steps, each summing gradients of `accumulate` micro-batches (X, y).
+def _sgd_steps(net, optimizer, X, y, num_steps, accumulate=1, bf16=False,
+               step_end=lambda: None):
+    """Take `num_steps` SGD steps, each summing gradients of `accumulate` micro-batches (X, y), calling `step_end` after each.
 
     Defined in :numref:`sec_cost_model`"""
     for _ in range(num_steps):
@@ -1851,6 +1856,7 @@ def _sgd_steps(net, optimizer, X, y, num_steps, accumulate=1, bf16=False):
                     loss = F.cross_entropy(net(X), y)
                 loss.backward()
         optimizer.step()
+        step_end()
     if X.device.type == 'cuda':
         torch.cuda.synchronize(X.device)
 
@@ -1860,8 +1866,11 @@ def _time_runs(runs, X, y, num_steps, warmup, reps, wait=lambda: None):
     Defined in :numref:`sec_cost_model`"""
     for net, optimizer, c in runs:  # untimed: DDP also settles its buckets
         _sgd_steps(net, optimizer, X, y, warmup, c['accumulate'], c['bf16'])
-    jobs = [lambda r=r: _sgd_steps(r[0], r[1], X, y, num_steps,
-                                   r[2]['accumulate'], r[2]['bf16'])
+    # Plain copies wait for one another after each step, as DDP's processes
+    # do at its allreduce: a step lasts as long as the slowest process's.
+    jobs = [lambda r=r: _sgd_steps(
+                r[0], r[1], X, y, num_steps, r[2]['accumulate'], r[2]['bf16'],
+                wait if r[2].get('ddp') is False else lambda: None)
             for r in runs]
     seconds = _alternating_rounds(jobs, reps, wait)
     return [[s / (num_steps * c['accumulate'])
@@ -1893,7 +1902,7 @@ def _check_configs(configs):
 
     Defined in :numref:`sec_cost_model`"""
     defaults = dict(model='resnet18', accumulate=1, bucket_cap_mb=25,
-                    bf16=False, compress=False)
+                    bf16=False, compress=False, ddp=True)
     out = []
     for c in configs:
         if not isinstance(c, dict) or set(c) - set(defaults):
@@ -1903,17 +1912,24 @@ def _check_configs(configs):
         cost_model_net(out[-1]['model'])  # rejects an unknown model
         _check_int('accumulate', out[-1]['accumulate'], 1)
         ddp_buckets(1, out[-1]['bucket_cap_mb'])  # rejects a size <= 0
+        if not isinstance(out[-1]['ddp'], bool):
+            raise ValueError(f"ddp must be True or False, got "
+                             f"{out[-1]['ddp']!r}")
+        if out[-1]['compress'] and not out[-1]['ddp']:
+            raise ValueError('compress=True needs ddp=True: a plain copy '
+                             'of the network sends no gradients')
     if not out:
         raise ValueError("configs is empty; give dicts such as {'model': 'lenet'}")
     return out
 
 def _ddp_model(c, device):
-    """A seeded DDP model for config dict `c` on `device`, and its SGD optimizer.
+    """A seeded DDP model (a plain one if not c['ddp']) for config dict `c` on `device`, and its SGD optimizer.
 
     Defined in :numref:`sec_cost_model`"""
     torch.manual_seed(0)
-    net = DDP(cost_model_net(c['model']).to(device),
-              bucket_cap_mb=c['bucket_cap_mb'])
+    net = cost_model_net(c['model']).to(device)
+    if c['ddp']:
+        net = DDP(net, bucket_cap_mb=c['bucket_cap_mb'])
     if c['compress']:  # bf16 needs NCCL; fp16 sends as many bytes
         net.register_comm_hook(None, default_hooks.bf16_compress_hook
             if device.type == 'cuda' else default_hooks.fp16_compress_hook)

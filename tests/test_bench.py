@@ -199,12 +199,13 @@ def test_serial_shards_ratio_rejects_times_that_are_not_seconds(bad):
 
 def test_cost_model_rows_are_printed_and_plotted(tmp_path):
     row = dict(model='resnet18', k=2, accumulate=1, predicted_s=0.3,
-               measured_s=0.25, error=0.2)
+               measured_s=0.25, error=0.2, error_from_alone=-0.3)
     results = dict(frameworks=dict(pytorch=dict(cost_model=dict(
         alpha_beta={'2': [5e-5, 1e-9]}, rows=[row, dict(row, k=4,
                                                          accumulate=2)]))))
     table = harness.format_table(results)
     assert 'predicted 0.3000 / measured 0.2500' in table and '+20%' in table
+    assert 'from one process alone -30%' in table
     assert harness.plot_cost_model(results, tmp_path / 'cm.svg')
     assert (tmp_path / 'cm.svg').read_text().lstrip().startswith('<?xml')
     assert not harness.plot_cost_model(dict(frameworks={}), tmp_path / 'x.svg')

@@ -170,6 +170,7 @@ def test_module_lenet_has_the_from_scratch_lenets_parameters(framework, d2l):
     (lambda d2l: d2l.time_all_reduce(2, [4000, -8], 1), 'sizes'),
     (lambda d2l: d2l.time_all_reduce(1, [4000], 1), 'world_size'),
     (lambda d2l: d2l.time_all_reduce(2.0, [4000], 1), 'world_size'),
+    (lambda d2l: d2l.time_all_reduce(2, [4000], 1, calls=0), 'calls'),
     (lambda d2l: d2l.time_ddp_configs(2, [], 4), 'configs'),
     (lambda d2l: d2l.time_ddp_configs(2, [dict(model='vgg')], 4), 'model'),
     (lambda d2l: d2l.time_ddp_configs(2, [dict(accumulate=0)], 4),
@@ -177,6 +178,9 @@ def test_module_lenet_has_the_from_scratch_lenets_parameters(framework, d2l):
     (lambda d2l: d2l.time_ddp_configs(2, [dict(bucket_cap_mb=0)], 4),
      'bucket_cap_mb'),
     (lambda d2l: d2l.time_ddp_configs(2, [dict(speed=1)], 4), 'keys'),
+    (lambda d2l: d2l.time_ddp_configs(2, [dict(ddp='no')], 4), 'ddp'),
+    (lambda d2l: d2l.time_ddp_configs(
+        2, [dict(ddp=False, compress=True)], 4), 'compress'),
     (lambda d2l: d2l.time_ddp_configs(2, [dict(model='lenet')], 3), '3')])
 def test_measurements_reject_bad_arguments_before_starting_processes(
         framework, d2l, call, name):
@@ -199,7 +203,33 @@ def test_fitted_beta_from_real_gloo_timings_is_positive_and_finite(
 @pytest.mark.slow
 def test_ddp_timings_come_back_one_per_configuration(framework, d2l):
     _measuring(framework)
-    configs = [dict(model='lenet'), dict(model='lenet', accumulate=2)]
+    configs = [dict(model='lenet', ddp=False), dict(model='lenet'),
+               dict(model='lenet', accumulate=2)]
     seconds = d2l.time_ddp_configs(2, configs, 8, num_steps=1, warmup=1,
                                    reps=1)
-    assert len(seconds) == 2 and all(0 < t < math.inf for t in seconds)
+    assert len(seconds) == 3 and all(0 < t < math.inf for t in seconds)
+
+
+def test_a_plain_copy_is_the_bare_network_with_no_ddp_wrapper(framework,
+                                                              d2l):
+    _measuring(framework)
+    config, = d2l._check_configs([dict(model='lenet', ddp=False)])
+    net, _ = d2l._ddp_model(config, d2l.ddp_device(0, 1))
+    assert type(net) is type(d2l.cost_model_net('lenet'))
+
+
+@pytest.mark.parametrize('ddp, waits_per_round', [(False, 1 + 3), (True, 1)])
+def test_plain_copies_wait_for_one_another_after_every_step(
+        framework, d2l, ddp, waits_per_round):
+    _measuring(framework)
+    # Plain copies stand in for DDP's computation: like DDP's processes at
+    # the allreduce, they must wait for the slowest after each of 3 steps.
+    config, = d2l._check_configs([dict(model='lenet', ddp=ddp,
+                                       accumulate=2)])
+    net, optimizer = d2l._ddp_model(dict(config, ddp=False),
+                                    d2l.ddp_device(0, 1))
+    X, y = d2l.timing_batch(4)
+    waits = []
+    d2l._time_runs([(net, optimizer, config)], X, y, num_steps=3, warmup=1,
+                   reps=2, wait=lambda: waits.append(1))
+    assert len(waits) == 2 * waits_per_round
