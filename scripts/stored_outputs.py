@@ -11,8 +11,15 @@ For every page and tab, `outputs/<tab>/<page>.ipynb` holds the code cells of
 that tab with the outputs of a full-mode run (D2L_QUICK=0), normalised so that
 a diff shows what changed, and `outputs/<tab>/<page>.json` the record of the
 run: its key and where it ran. The key is a hash of what produced the
-outputs: the tab's code cells as d2lbook executes them, the tab's `d2l`
-module, and the versions of the framework and NumPy.
+outputs: the tab's code cells as d2lbook executes them, the part of the tab's
+`d2l` module that this code can reach, the scripts beside the page that it
+runs, and the versions of the framework and NumPy. The part of `d2l` is every
+top-level statement of the module except the definitions no name in the code
+leads to: a function, class or constant counts when the page's code or a
+script names it, or when something counted names it (`d2l.name` or plain
+`name`). Imports, calls, decorated definitions and anything else that runs
+on import always count. So a new or changed helper makes stale the pages
+that use it, directly or through other helpers, and no others.
 
 `restore` writes the evaluated notebook d2lbook would have written
 (`_build/eval[_<tab>]/<page>.ipynb`) from the current markdown and the stored
@@ -31,6 +38,7 @@ them with a fresh quick run; training cells differ and are exempt. The tags
 are cell metadata, invisible on the page.
 """
 import argparse
+import ast
 import configparser
 import contextlib
 import copy
@@ -140,13 +148,26 @@ class Book:
             nb = library.replace_alias(nb, self.config.library[tab])
         return library.format_code_nb(nb)
 
+    def scripts(self, page, code):
+        """{name: text} of the Python files beside PAGE (or under the root) that CODE names."""
+        found = {}
+        for name in sorted(set(SCRIPT_NAME.findall('\n'.join(code)))):
+            for path in (self.root / page).parent / pathlib.Path(name).name, self.root / name:
+                if path.is_file():
+                    found[path.relative_to(self.root).as_posix()] = path.read_text()
+                    break
+        return found
+
     def key(self, page, tab, nb=None):
         """(key, parts): what produced the outputs of PAGE's TAB."""
         nb = nb if nb is not None else self.tab_notebook(page, tab)
         code = [c.source for c in nb.cells if c.cell_type == 'code']
+        scripts = self.scripts(page, code)
+        names = set(IDENTIFIER.findall('\n'.join(code + list(scripts.values()))))
         parts = {
             'code': sha256(json.dumps(code)),
-            'd2l': sha256(self.lib_file(tab).read_bytes()),
+            'd2l': sha256(json.dumps(reachable_source(self.lib_file(tab).read_text(), names))),
+            'scripts': {name: sha256(text) for name, text in scripts.items()},
             'versions': framework_versions(tab),
         }
         return sha256(json.dumps(parts, sort_keys=True)), parts
@@ -154,6 +175,65 @@ class Book:
     def record(self, page, tab):
         path = self.stored_path(page, tab, '.json')
         return json.loads(path.read_text()) if path.exists() else None
+
+
+IDENTIFIER = re.compile(r'\b[A-Za-z_]\w*\b')
+SCRIPT_NAME = re.compile(r'[\w./-]*\w\.py\b')
+# Decorators that only wrap the function below them, with no effect on import.
+PLAIN_DECORATORS = {'contextlib.contextmanager', 'contextmanager', 'staticmethod',
+                    'classmethod', 'property', 'functools.wraps'}
+
+
+def defined_names(node):
+    """The names a top-level statement defines, or None if it must always count."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        decorators = {ast.unparse(d) for d in node.decorator_list}
+        return {node.name} if decorators <= PLAIN_DECORATORS else None
+    if isinstance(node, (ast.Assign, ast.AnnAssign)):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        names = set()
+        for target in targets:
+            for part in (target.elts if isinstance(target, (ast.Tuple, ast.List)) else [target]):
+                if not isinstance(part, ast.Name):
+                    return None  # an attribute or item set on import
+                names.add(part.id)
+        return names
+    return None
+
+
+def referenced_names(node):
+    """Names NODE mentions as plain names or as attributes of `d2l`."""
+    names = set()
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Name):
+            names.add(sub.id)
+        elif isinstance(sub, ast.Attribute) and isinstance(sub.value, ast.Name) \
+                and sub.value.id == 'd2l':
+            names.add(sub.attr)
+    return names
+
+
+def reachable_source(lib_text, names):
+    """The top-level statements of a d2l module that code naming NAMES can reach, as source."""
+    tree = ast.parse(lib_text)
+    definitions, always = {}, []
+    for node in tree.body:
+        defined = defined_names(node)
+        if defined is None:
+            always.append(node)
+        for name in defined or ():
+            definitions.setdefault(name, []).append(node)
+    todo = set(names).union(*(referenced_names(node) for node in always))
+    reached = set()
+    while todo:
+        name = todo.pop()
+        if name in reached or name not in definitions:
+            continue
+        reached.add(name)
+        for node in definitions[name]:
+            todo |= referenced_names(node)
+    return [ast.get_source_segment(lib_text, node) for node in tree.body
+            if node in always or (defined_names(node) or set()) & reached]
 
 
 @contextlib.contextmanager

@@ -94,12 +94,30 @@ def make_book(folder):
     (folder / 'index.md').write_text('# Tiny\n\n```toc\n:maxdepth: 2\n\nchapter/index\n```\n')
     (folder / 'chapter' / 'index.md').write_text(
         '# Chapter\n\n```toc\n:maxdepth: 2\n\none\ntwo\n```\n')
-    (folder / 'chapter' / 'one.md').write_text(page('One', 'sec_one', 1))
+    # Page one's PyTorch cell uses a d2l helper and names a script beside the page.
+    (folder / 'chapter' / 'one.md').write_text(page('One', 'sec_one', 1).replace(
+        "print('pytorch only', 1 + 1)",
+        "from d2l import torch as d2l\nprint('pytorch only', 1 + 1, d2l.greet(), 'launch.py')"))
     (folder / 'chapter' / 'two.md').write_text(page('Two', 'sec_two', 2))
+    (folder / 'chapter' / 'launch.py').write_text("print('a script a launcher runs')\n")
     (folder / 'd2l' / '__init__.py').write_text('__version__ = "0.0.1"\n')
     for module in ('torch', 'mxnet', 'paddle'):
         (folder / 'd2l' / f'{module}.py').write_text(f'# the {module} helpers\n')
+    (folder / 'd2l' / 'torch.py').write_text(TINY_TORCH_HELPERS)
     return so.Book(folder)
+
+
+TINY_TORCH_HELPERS = '''import os
+
+def greet():
+    return _word()
+
+def _word():
+    return 'hello'
+
+def unused():
+    return 'nobody calls me'
+'''
 
 
 def d2lbook_eval(root):
@@ -157,12 +175,81 @@ def test_prose_edits_keep_the_stored_outputs(book):
     assert stale(so.restore(book, verbose=False)) == []
 
 
+def edit(path, old, new):
+    text = path.read_text()
+    assert old in text
+    path.write_text(text.replace(old, new))
+
+
 @pytest.mark.slow
-def test_a_new_d2l_module_makes_that_tab_stale_on_every_page(book):
+def test_a_d2l_helper_reached_through_another_makes_stale_only_the_page_using_it(book):
+    stored = nbformat.read(str(book.stored_path('chapter/one.md', 'pytorch')), as_version=4)
+    assert 'pytorch only 2 hello launch.py' in ''.join(so.output_texts(stored))
+    edit(book.root / 'd2l' / 'torch.py', "return 'hello'", "return 'hi'")
+    assert stale(so.restore(book, verbose=False)) == [('chapter/one.md', 'pytorch')]
+
+
+@pytest.mark.slow
+def test_new_or_changed_d2l_helpers_that_no_page_uses_keep_every_page(book):
+    edit(book.root / 'd2l' / 'torch.py', "'nobody calls me'", "'still nobody'")
     with open(book.root / 'd2l' / 'paddle.py', 'a') as f:
         f.write('def helper():\n    """A new helper."""\n')
+    assert stale(so.restore(book, verbose=False)) == []
+
+
+@pytest.mark.slow
+def test_code_that_runs_on_import_of_d2l_makes_that_tab_stale_on_every_page(book):
+    with open(book.root / 'd2l' / 'paddle.py', 'a') as f:
+        f.write('import json\n')
     assert stale(so.restore(book, verbose=False)) == [
         ('chapter/one.md', 'paddle'), ('chapter/two.md', 'paddle')]
+
+
+@pytest.mark.slow
+def test_a_changed_script_that_a_page_runs_makes_that_page_stale(book):
+    edit(book.root / 'chapter' / 'launch.py', 'a script', 'the script')
+    assert stale(so.restore(book, verbose=False)) == [('chapter/one.md', 'pytorch')]
+
+
+def reached(source, *names):
+    return '\n'.join(so.reachable_source(textwrap.dedent(source), set(names)))
+
+
+def test_d2l_definitions_count_only_when_named_directly_or_through_others():
+    source = '''
+        import os
+        LIMIT, OTHER = 3, 4
+        def a():
+            return d2l.b() + LIMIT
+        def b():
+            return 1
+        class C:
+            def m(self):
+                return 2
+        '''
+    assert reached(source, 'a') == 'import os\nLIMIT, OTHER = 3, 4\ndef a():\n' \
+        '    return d2l.b() + LIMIT\ndef b():\n    return 1'
+    assert reached(source, 'C').splitlines() == ['import os', 'class C:', '    def m(self):',
+                                                 '        return 2']
+
+
+def test_statements_with_effects_on_import_always_count():
+    source = '''
+        def register(f):
+            return f
+        @register
+        def plugged():
+            return 1
+        @contextlib.contextmanager
+        def quiet():
+            yield
+        os.environ.setdefault('X', '1')
+        Thing.size = 3
+        '''
+    text = reached(source)
+    assert 'def plugged' in text and 'def register' in text
+    assert "os.environ.setdefault('X', '1')" in text and 'Thing.size = 3' in text
+    assert 'def quiet' not in text
 
 
 @pytest.mark.slow
