@@ -533,7 +533,8 @@ def note_text(records):
     """The page's note, the same in every tab, from each tab's record."""
     groups = {}
     for tab, rec in records:
-        data = '; '.join(line.split(': ', 1)[-1] for line in rec.get('data', []))
+        data = '; '.join(('a class-balanced subset, ' if '(D2L_SUBSET=' in line else '')
+                         + line.split(': ', 1)[-1] for line in rec.get('data', []))
         versions = ', '.join(f'{k} {v}' for k, v in sorted(
             rec.get('key_parts', {}).get('versions', {}).items(), key=lambda kv: kv[0] == 'numpy'))
         group = (rec.get('mode'), rec.get('devices'), data, rec.get('date'))

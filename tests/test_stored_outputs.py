@@ -322,6 +322,18 @@ def test_publish_tags_only_cells_that_agree_between_full_and_quick_runs(publishe
     assert tags["print('paddle, varies:', random.random())"] == []
 
 
+def test_the_note_says_when_a_full_run_used_a_subset_and_how_large():
+    record = {'mode': 'full', 'devices': '2 CPU cores, no GPU', 'date': '2026-11-25',
+              'key_parts': {'versions': {'torch': '2.13.0', 'numpy': '1.23.5'}},
+              'data': ['Fashion-MNIST, full mode on a subset (D2L_SUBSET=400,1000): '
+                       '4000 training and 10000 test images']}
+    note = so.note_text([('pytorch', dict(record, source='stored'))])
+    assert ('Full-mode run on 2 CPU cores, no GPU, 2026-11-25: PyTorch (torch 2.13.0, numpy '
+            '1.23.5); a class-balanced subset, 4000 training and 10000 test images') in note
+    whole = dict(record, data=['Fashion-MNIST, full mode: 60000 training and 10000 test images'])
+    assert '; 60000 training and 10000 test images' in so.note_text([('pytorch', whole)])
+
+
 def volatile_notebook(salt):
     """A notebook as a kernel leaves it: counts, split streams, stderr, random SVG ids."""
     svg = (f'<svg><defs><path id="m{salt}a" d="M0 0"/><clipPath id="p{salt}b"><rect/></clipPath>'
