@@ -43,6 +43,7 @@ import configparser
 import contextlib
 import copy
 import datetime
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -213,27 +214,33 @@ def referenced_names(node):
     return names
 
 
+@functools.lru_cache(maxsize=None)
+def top_level_statements(lib_text):
+    """(source, names it defines or None if it always counts, names it mentions) per statement."""
+    return [(ast.get_source_segment(lib_text, node), defined_names(node), referenced_names(node))
+            for node in ast.parse(lib_text).body]
+
+
 def reachable_source(lib_text, names):
     """The top-level statements of a d2l module that code naming NAMES can reach, as source."""
-    tree = ast.parse(lib_text)
-    definitions, always = {}, []
-    for node in tree.body:
-        defined = defined_names(node)
+    statements = top_level_statements(lib_text)
+    definitions = {}
+    todo = set(names)
+    for statement in statements:
+        _, defined, mentioned = statement
         if defined is None:
-            always.append(node)
+            todo |= mentioned
         for name in defined or ():
-            definitions.setdefault(name, []).append(node)
-    todo = set(names).union(*(referenced_names(node) for node in always))
+            definitions.setdefault(name, []).append(mentioned)
     reached = set()
     while todo:
         name = todo.pop()
         if name in reached or name not in definitions:
             continue
         reached.add(name)
-        for node in definitions[name]:
-            todo |= referenced_names(node)
-    return [ast.get_source_segment(lib_text, node) for node in tree.body
-            if node in always or (defined_names(node) or set()) & reached]
+        for mentioned in definitions[name]:
+            todo |= mentioned
+    return [source for source, defined, _ in statements if defined is None or defined & reached]
 
 
 @contextlib.contextmanager
