@@ -1417,6 +1417,20 @@ def balanced_subset(labels, per_class):
              for c in sorted(set(labels.tolist()))]
     return sorted(i for pick in picks for i in pick)
 
+def subset_per_class():
+    """Images per class {'train': n, 'test': m} from D2L_SUBSET, or None for all.
+
+    Defined in :numref:`sec_d2l_package`"""
+    flag = os.environ.get('D2L_SUBSET', '').strip()
+    if not flag:
+        return None
+    sizes = [part.strip() for part in flag.split(',')]
+    if len(sizes) != 2 or not all(n.isdigit() and int(n) > 0 for n in sizes):
+        raise ValueError(f'D2L_SUBSET must be two positive numbers of images '
+                         f'per class, training then test (e.g. 600,200), '
+                         f'got {flag!r}; unset it for the full data')
+    return {'train': int(sizes[0]), 'test': int(sizes[1])}
+
 _FASHION_MNIST_CACHE = {}
 
 def fashion_mnist_arrays(split, quick):
@@ -1431,8 +1445,9 @@ def fashion_mnist_arrays(split, quick):
         labels = read_idx_file(f'{prefix}-labels-idx1-ubyte')
         _FASHION_MNIST_CACHE[split] = images, labels
     images, labels = _FASHION_MNIST_CACHE[split]
-    if quick:
-        keep = balanced_subset(labels, QUICK_PER_CLASS[split])
+    per_class = QUICK_PER_CLASS if quick else subset_per_class()
+    if per_class:
+        keep = balanced_subset(labels, per_class[split])
         images, labels = images[keep], labels[keep]
     images = images.reshape(-1, 1, 28, 28).astype('float32') / 255
     return images, labels.astype('int64')
@@ -1446,7 +1461,9 @@ def describe_mode(quick, n_train, n_test):
                else 'no GPU found')
         return (f'Fashion-MNIST, quick mode ({why}; set D2L_QUICK=0 for the '
                 f'full data): {n_train} training and {n_test} test images')
-    return (f'Fashion-MNIST, full mode: {n_train} training and {n_test} '
+    subset = os.environ.get('D2L_SUBSET', '').strip()
+    part = f' on a subset (D2L_SUBSET={subset})' if subset else ''
+    return (f'Fashion-MNIST, full mode{part}: {n_train} training and {n_test} '
             f'test images')
 
 def _batchify_resized(batch, size):

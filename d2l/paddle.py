@@ -1842,14 +1842,20 @@ def _all_reduce_worker(rank, world_size, init_method, sizes, reps, calls):
 
     Defined in :numref:`sec_cost_model`"""
     with process_group(rank, world_size, init_method):
-        bufs = [paddle.zeros([n // 4]) for n in sizes]
-        for x in bufs:
-            dist.all_reduce(x)  # untimed: the first call sets up buffers
         sync = paddle.device.cuda.synchronize if num_gpus() else lambda: None
-        seconds = _alternating_rounds(
-            [lambda x=x: [dist.all_reduce(x) for _ in range(calls)]
-             for x in bufs], reps, dist.barrier, sync)
-        return [[s / calls for s in row] for row in seconds]
+        return _all_reduce_rounds([paddle.zeros([n // 4]) for n in sizes],
+                                  reps, calls, sync)
+
+def _all_reduce_rounds(bufs, reps, calls, sync):
+    """Seconds per dist.all_reduce of each buffer in `reps` alternating rounds of `calls` calls.
+
+    Defined in :numref:`sec_cost_model`"""
+    for x in bufs:
+        dist.all_reduce(x)  # untimed: the first call sets up buffers
+    seconds = _alternating_rounds(
+        [lambda x=x: [dist.all_reduce(x) for _ in range(calls)]
+         for x in bufs], reps, dist.barrier, sync)
+    return [[s / calls for s in row] for row in seconds]
 
 def ddp_buckets(num_bytes, bucket_cap_mb=25, first_bucket_mb=1):
     """Sizes in bytes of the gradient buckets DDP makes of `num_bytes`, ignoring parameter boundaries.
@@ -2412,6 +2418,20 @@ def balanced_subset(labels, per_class):
              for c in sorted(set(labels.tolist()))]
     return sorted(i for pick in picks for i in pick)
 
+def subset_per_class():
+    """Images per class {'train': n, 'test': m} from D2L_SUBSET, or None for all.
+
+    Defined in :numref:`sec_d2l_package`"""
+    flag = os.environ.get('D2L_SUBSET', '').strip()
+    if not flag:
+        return None
+    sizes = [part.strip() for part in flag.split(',')]
+    if len(sizes) != 2 or not all(n.isdigit() and int(n) > 0 for n in sizes):
+        raise ValueError(f'D2L_SUBSET must be two positive numbers of images '
+                         f'per class, training then test (e.g. 600,200), '
+                         f'got {flag!r}; unset it for the full data')
+    return {'train': int(sizes[0]), 'test': int(sizes[1])}
+
 _FASHION_MNIST_CACHE = {}
 
 def fashion_mnist_arrays(split, quick):
@@ -2426,8 +2446,9 @@ def fashion_mnist_arrays(split, quick):
         labels = read_idx_file(f'{prefix}-labels-idx1-ubyte')
         _FASHION_MNIST_CACHE[split] = images, labels
     images, labels = _FASHION_MNIST_CACHE[split]
-    if quick:
-        keep = balanced_subset(labels, QUICK_PER_CLASS[split])
+    per_class = QUICK_PER_CLASS if quick else subset_per_class()
+    if per_class:
+        keep = balanced_subset(labels, per_class[split])
         images, labels = images[keep], labels[keep]
     images = images.reshape(-1, 1, 28, 28).astype('float32') / 255
     return images, labels.astype('int64')
@@ -2441,7 +2462,9 @@ def describe_mode(quick, n_train, n_test):
                else 'no GPU found')
         return (f'Fashion-MNIST, quick mode ({why}; set D2L_QUICK=0 for the '
                 f'full data): {n_train} training and {n_test} test images')
-    return (f'Fashion-MNIST, full mode: {n_train} training and {n_test} '
+    subset = os.environ.get('D2L_SUBSET', '').strip()
+    part = f' on a subset (D2L_SUBSET={subset})' if subset else ''
+    return (f'Fashion-MNIST, full mode{part}: {n_train} training and {n_test} '
             f'test images')
 
 class ArrayDataset(paddle.io.Dataset):

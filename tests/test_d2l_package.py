@@ -389,6 +389,44 @@ def test_ranks_other_than_zero_stay_silent(d2l, quick, monkeypatch, capsys):
     assert capsys.readouterr().out == ''
 
 
+def labels_served(framework, data_iter):
+    return np.concatenate([np.asarray(y.asnumpy() if framework == 'mxnet' else y.numpy())
+                           for _, y in data_iter])
+
+
+def test_a_full_mode_subset_serves_that_many_images_per_class_and_says_so(
+        framework, d2l, monkeypatch, capsys):
+    monkeypatch.setenv('D2L_QUICK', '0')
+    monkeypatch.setenv('D2L_SUBSET', '30, 20')
+    monkeypatch.setattr(d2l, '_SAID', set())
+    train_iter, test_iter = d2l.load_data_fashion_mnist(batch_size=100)
+    assert ('Fashion-MNIST, full mode on a subset (D2L_SUBSET=30, 20): 300 training '
+            'and 200 test images') in capsys.readouterr().out
+    for data_iter, per_class in ((train_iter, 30), (test_iter, 20)):
+        labels = labels_served(framework, data_iter)
+        assert np.bincount(labels, minlength=10).tolist() == [per_class] * 10
+    # The first images of each class in file order, as quick mode takes them.
+    _, quick_labels = d2l.fashion_mnist_arrays('test', True)
+    monkeypatch.setenv('D2L_SUBSET', '{train},{test}'.format(**d2l.QUICK_PER_CLASS))
+    _, labels = d2l.fashion_mnist_arrays('test', False)
+    assert labels.tolist() == quick_labels.tolist()
+
+
+def test_quick_mode_ignores_the_subset(d2l, quick, monkeypatch):
+    monkeypatch.setenv('D2L_SUBSET', '600,200')
+    _, labels = d2l.fashion_mnist_arrays('train', d2l.quick_mode(0))
+    assert len(labels) == 10 * d2l.QUICK_PER_CLASS['train']
+
+
+@pytest.mark.parametrize('flag', ['600', '600,0', 'a,b', '600,200,5', '-1,2', '6e2,200'])
+def test_a_bad_subset_names_d2l_subset_and_the_fix(d2l, monkeypatch, flag):
+    monkeypatch.setenv('D2L_QUICK', '0')
+    monkeypatch.setenv('D2L_SUBSET', flag)
+    with pytest.raises(ValueError, match=r'D2L_SUBSET must be two positive numbers .*'
+                       r'e\.g\. 600,200\), got .*unset it for the full data'):
+        d2l.load_data_fashion_mnist(32)
+
+
 # ---------------------------------------------------------------- one API
 
 def test_appendix_helpers_have_the_same_signature_in_every_framework():
