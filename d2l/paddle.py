@@ -760,6 +760,7 @@ def _train_concise_worker(net_fn, seed, num_epochs, batch_size, lr, folder):
     timer = d2l.Timer()
     for epoch in range(num_epochs):
         sampler.set_epoch(epoch)  # a new shuffle, the same on every process
+        d2l.set_learning_rate(optimizer, d2l.cosine_lr(lr, epoch, num_epochs))
         timer.start()
         loss_sum, n = d2l.train_epoch_concise(model, shard_iter, loss,
                                               optimizer, [device])
@@ -842,6 +843,22 @@ def train_concise_spawn(net_fn, devices, batch_size, lr, num_epochs, seed=0):
     record = records[0]  # process 0's timings; the losses are global
     record['devices'] = [r['device'] for r in records]
     return net, record
+
+def cosine_lr(lr, epoch, num_epochs):
+    """Learning rate of epoch `epoch` (the first is 0), falling from `lr` along half a cosine.
+
+    Defined in :numref:`sec_multi_gpu_concise`"""
+    d2l._require(d2l._is_count(num_epochs, 1) and d2l._is_count(epoch)
+                 and epoch < num_epochs, f'epoch must be an integer in '
+                 f'[0, num_epochs) and num_epochs a positive integer, got '
+                 f'epoch={epoch!r}, num_epochs={num_epochs!r}')
+    return lr * (1 + math.cos(math.pi * epoch / num_epochs)) / 2
+
+def set_learning_rate(optimizer, lr):
+    """Give a PaddlePaddle optimizer the learning rate `lr`.
+
+    Defined in :numref:`sec_multi_gpu_concise`"""
+    optimizer.set_lr(lr)
 
 import contextlib
 import logging

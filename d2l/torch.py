@@ -694,6 +694,23 @@ def train_epoch_concise(net, train_iter, loss, optimizer, devices):
     d2l._check_examples(n, 'train_iter')
     return float(total), n
 
+def cosine_lr(lr, epoch, num_epochs):
+    """Learning rate of epoch `epoch` (the first is 0), falling from `lr` along half a cosine.
+
+    Defined in :numref:`sec_multi_gpu_concise`"""
+    d2l._require(d2l._is_count(num_epochs, 1) and d2l._is_count(epoch)
+                 and epoch < num_epochs, f'epoch must be an integer in '
+                 f'[0, num_epochs) and num_epochs a positive integer, got '
+                 f'epoch={epoch!r}, num_epochs={num_epochs!r}')
+    return lr * (1 + math.cos(math.pi * epoch / num_epochs)) / 2
+
+def set_learning_rate(optimizer, lr):
+    """Give every parameter group of a torch optimizer the learning rate `lr`.
+
+    Defined in :numref:`sec_multi_gpu_concise`"""
+    for group in optimizer.param_groups:
+        group['lr'] = lr
+
 import contextlib
 import logging
 import pickle

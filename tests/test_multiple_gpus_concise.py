@@ -5,6 +5,7 @@ the distinct contexts cpu(0), ..., cpu(k-1) in MXNet; PaddlePaddle's
 multi-process training really starts k processes (Gloo on the CPU).
 """
 import importlib
+import math
 
 import numpy as np
 import pytest
@@ -209,11 +210,55 @@ def test_a_few_concise_training_steps_reduce_the_loss(framework, d2l, quick):
     assert losses[-1] < 0.7 * losses[0], losses  # observed: about 0.45
 
 
+def test_learning_rate_falls_from_lr_along_half_a_cosine(d2l):
+    rates = [d2l.cosine_lr(0.2, epoch, 10) for epoch in range(10)]
+    assert rates[0] == pytest.approx(0.2)
+    assert rates[5] == pytest.approx(0.1)  # halfway down at half the epochs
+    assert rates[-1] == pytest.approx(0.2 * (1 - math.cos(math.pi / 10)) / 2)
+    assert all(a > b for a, b in zip(rates, rates[1:]))
+
+
+@pytest.mark.parametrize('epoch, num_epochs', [(10, 10), (-1, 10), (0, 0),
+                                               (1.5, 10), (0, True)])
+def test_cosine_lr_names_an_epoch_outside_the_run(d2l, epoch, num_epochs):
+    with pytest.raises(ValueError, match=r'epoch must be an integer in '
+                       r'\[0, num_epochs\).*got epoch='):
+        d2l.cosine_lr(0.1, epoch, num_epochs)
+
+
+def trainable_values(framework, net):
+    """Copies of the trained parameters (not batch norm's running statistics)."""
+    if framework == 'mxnet':
+        return [p.data().asnumpy() for p in net.collect_params().values()
+                if p.grad_req != 'null']
+    if framework == 'paddle':
+        return [p.numpy() for p in net.parameters() if p.trainable]
+    return [p.detach().numpy().copy() for p in net.parameters()]
+
+
+def test_a_step_at_learning_rate_zero_leaves_the_weights_alone(framework,
+                                                                d2l, quick):
+    seed_everything(framework)
+    X, y = first_batch(d2l, 32)
+    net, loss, optimizer, devices = step_setup(framework, d2l)
+    d2l.train_step_concise(net, X, y, loss, optimizer, devices)  # builds state
+    before = trainable_values(framework, net)
+    d2l.set_learning_rate(optimizer, 0.0)
+    d2l.train_step_concise(net, X, y, loss, optimizer, devices)
+    for got, want in zip(trainable_values(framework, net), before):
+        np.testing.assert_array_equal(got, want)
+    d2l.set_learning_rate(optimizer, 0.05)
+    d2l.train_step_concise(net, X, y, loss, optimizer, devices)
+    assert any((got != want).any() for got, want in
+               zip(trainable_values(framework, net), before))
+
+
 def test_training_helpers_have_one_signature_in_every_framework():
     """Issue 10 item 9: a helper shared by the tabs has the same parameters."""
     import inspect
     names = ['resnet18', 'count_trainable_params', 'evaluate_accuracy_gpus',
-             'train_step_concise', 'train_epoch_concise']
+             'train_step_concise', 'train_epoch_concise', 'cosine_lr',
+             'set_learning_rate']
     signatures = {}
     for framework in FRAMEWORKS:
         d2l = importlib.import_module(f'd2l.{MODULES[framework]}')
@@ -412,6 +457,7 @@ def paddle_reference_training(d2l, batch_size, lr, num_epochs, seed=0):
     loss, losses = paddle.nn.CrossEntropyLoss(), []
     for epoch in range(num_epochs):
         sampler.set_epoch(epoch)
+        optimizer.set_lr(lr * (1 + math.cos(math.pi * epoch / num_epochs)) / 2)
         total, n = 0.0, 0
         for X, y in loader:
             l = loss(net(X), y)
