@@ -1316,6 +1316,7 @@ def train_ddp(rank, world_size, init_method, num_epochs, batch_size, lr,
         summary = {'rank': rank, 'world_size': world_size, 'device': str(device),
                    'backend': ddp_backend(device), 'train_loss': [], 'epoch_s': []}
         for epoch in range(num_epochs):
+            set_learning_rate(optimizer, cosine_lr(lr, epoch, num_epochs))
             sampler.set_epoch(epoch)  # a new shuffle, the same on every rank
             timer.start()
             summary['train_loss'].append(
