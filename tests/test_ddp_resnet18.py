@@ -2,6 +2,8 @@
 
 Multi-process scenarios run under the harness of tests/test_process_groups.py.
 """
+import math
+
 import numpy as np
 import pytest
 
@@ -94,3 +96,26 @@ def test_ddp_timing_functions_return_seconds_per_step(ddp, framework):
         ddp.time_ddp(2, 33, 1)
     with pytest.raises(ValueError, match='num_devices'):
         ddp.time_data_parallel(0, 32, 1)
+
+
+@pytest.mark.slow
+def test_each_epoch_of_train_ddp_starts_at_its_cosine_learning_rate(ddp, framework):
+    # One rank in this process; the epochs themselves are replaced by a probe
+    # that reads the optimizer's rate, so only the schedule is exercised.
+    init = ('d2l.local_init_method()' if framework == 'pytorch'
+            else "'env://'")
+    rates = run_scenario(framework, f"""
+        os.environ.update(PADDLE_TRAINER_ID='0', PADDLE_TRAINERS_NUM='1')
+        seen = []
+        def probe(net, optimizer, train_iter, device, world_size):
+            seen.append(optimizer.param_groups[0]['lr']
+                        if hasattr(optimizer, 'param_groups')
+                        else optimizer.get_lr())
+            return 0.0
+        d2l._ddp_epoch = probe
+        d2l.train_ddp(0, 1, {init}, 4, 64, 0.2)
+        report(seen)
+        """)
+    expected = [0.2 * (1 + math.cos(math.pi * e / 4)) / 2 for e in range(4)]
+    assert rates == pytest.approx(expected)
+    assert rates[0] == pytest.approx(0.2) and rates[-1] < 0.03
