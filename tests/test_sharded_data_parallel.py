@@ -8,10 +8,12 @@ fails the test instead of blocking the suite, and nothing is left behind.
 import json
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import numpy as np
 import pytest
@@ -207,24 +209,28 @@ def test_zero_step_rejects_a_batch_smaller_than_the_devices(d2l, framework):
 
 # ---- FSDP in two Gloo processes (PyTorch) ----
 
-def test_fsdp_in_two_gloo_processes_equals_ddp_with_half_the_bytes(framework):
-    if framework != 'pytorch':
-        pytest.skip('the framework version runs in the PyTorch tab only '
-                    '(PaddlePaddle group_sharded_parallel needs a GPU)')
-    code = textwrap.dedent('''
-        import json
-        import numpy as np
-        from d2l import torch as d2l
-        ranks = d2l.spawn_ranks(d2l._fsdp_vs_ddp, 2, d2l.local_init_method(),
-                                2, 4, 0.05)
-        out = [{name: [held, float(np.abs(params - ranks[0]['DDP'][1]).max())]
-                for name, (held, params) in r.items()} for r in ranks]
-        print('RESULT ' + json.dumps(out), flush=True)
-    ''')
-    env = dict(os.environ, PYTHONPATH=str(ROOT), D2L_QUICK='1')
-    proc = subprocess.Popen([sys.executable, '-c', code], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+FSDP_SCENARIO = textwrap.dedent('''
+    import json
+    import numpy as np
+    from d2l import torch as d2l
+    ranks = d2l.spawn_ranks(d2l._fsdp_vs_ddp, 2, d2l.local_init_method(),
+                            2, 4, 0.05)
+    out = [{name: [held, float(np.abs(params - ranks[0]['DDP'][1]).max())]
+            for name, (held, params) in r.items()} for r in ranks]
+    print('RESULT ' + json.dumps(out), flush=True)
+''')
+
+
+def run_fsdp_scenario():
+    """(return code, stdout, stderr) of the FSDP-versus-DDP run in two fresh Gloo processes."""
+    # faulthandler: a rank killed by a signal prints its Python stacks to the
+    # log whose end spawn_ranks' error quotes.
+    env = dict(os.environ, PYTHONPATH=str(ROOT), D2L_QUICK='1',
+               PYTHONFAULTHANDLER='1')
+    proc = subprocess.Popen([sys.executable, '-c', FSDP_SCENARIO], cwd=ROOT,
+                            env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
     try:
         out, err = proc.communicate(timeout=300)
     except subprocess.TimeoutExpired:
@@ -236,8 +242,26 @@ def test_fsdp_in_two_gloo_processes_equals_ddp_with_half_the_bytes(framework):
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+    return proc.returncode, out, err
+
+
+def died_of_a_signal(err):
+    """Whether spawn_ranks reported a rank killed by a signal, with no Python error."""
+    return re.search(r'died \(signal SIG\w+\) without a Python error', err) is not None
+
+
+def test_fsdp_in_two_gloo_processes_equals_ddp_with_half_the_bytes(framework):
+    if framework != 'pytorch':
+        pytest.skip('the framework version runs in the PyTorch tab only '
+                    '(PaddlePaddle group_sharded_parallel needs a GPU)')
+    returncode, out, err = run_fsdp_scenario()
+    if returncode != 0 and died_of_a_signal(err):
+        # Seen once in CI (rank 0, SIGSEGV) and in none of 171 runs here:
+        # run once more, and show the first crash among the warnings.
+        warnings.warn(f'FSDP scenario crashed; ran it again:\n{err[-3000:]}')
+        returncode, out, err = run_fsdp_scenario()
     lines = [l for l in out.splitlines() if l.startswith('RESULT ')]
-    assert proc.returncode == 0 and lines, err[-4000:]
+    assert returncode == 0 and lines, err[-4000:]
     for rank in json.loads(lines[-1][len('RESULT '):]):
         ddp_held, _ = rank['DDP']
         fsdp_held, difference = rank['FSDP']
