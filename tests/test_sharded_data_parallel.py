@@ -3,14 +3,11 @@
 Without GPUs, k "devices" are the CPU k times in PyTorch and PaddlePaddle and
 the contexts cpu(0), ..., cpu(k-1) in MXNet. The FSDP check starts two Gloo
 processes in a process group of their own under a hard deadline, so a hang
-fails the test instead of blocking the suite, and nothing is left behind.
+fails the test instead of blocking the suite, and nothing is left behind
+(the harness of tests/test_process_groups.py).
 """
-import json
-import os
 import pathlib
 import re
-import signal
-import subprocess
 import sys
 import textwrap
 import warnings
@@ -19,6 +16,7 @@ import numpy as np
 import pytest
 
 from conftest import cpu_devices, numpy, tensor
+from test_process_groups import RESULT, finish, result_of, scenario_env, start
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 LENET_SIZE = 61706  # parameters of the book's LeNet
@@ -209,40 +207,26 @@ def test_zero_step_rejects_a_batch_smaller_than_the_devices(d2l, framework):
 
 # ---- FSDP in two Gloo processes (PyTorch) ----
 
-FSDP_SCENARIO = textwrap.dedent('''
+FSDP_SCENARIO = textwrap.dedent(f'''
     import json
     import numpy as np
     from d2l import torch as d2l
     ranks = d2l.spawn_ranks(d2l._fsdp_vs_ddp, 2, d2l.local_init_method(),
                             2, 4, 0.05)
-    out = [{name: [held, float(np.abs(params - ranks[0]['DDP'][1]).max())]
-            for name, (held, params) in r.items()} for r in ranks]
-    print('RESULT ' + json.dumps(out), flush=True)
+    out = [{{name: [held, float(np.abs(params - ranks[0]['DDP'][1]).max())]
+            for name, (held, params) in r.items()}} for r in ranks]
+    print({RESULT!r} + json.dumps(out), flush=True)
 ''')
 
 
 def run_fsdp_scenario():
-    """(return code, stdout, stderr) of the FSDP-versus-DDP run in two fresh Gloo processes."""
+    """(process, stdout, stderr) of the FSDP-versus-DDP run in two fresh Gloo processes."""
     # faulthandler: a rank killed by a signal prints its Python stacks to the
     # log whose end spawn_ranks' error quotes.
-    env = dict(os.environ, PYTHONPATH=str(ROOT), D2L_QUICK='1',
-               PYTHONFAULTHANDLER='1')
-    proc = subprocess.Popen([sys.executable, '-c', FSDP_SCENARIO], cwd=ROOT,
-                            env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=300)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f'FSDP scenario hung and was killed:\n{err[-3000:]}')
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    return proc.returncode, out, err
+    proc = start([sys.executable, '-c', FSDP_SCENARIO],
+                 env=dict(scenario_env(), PYTHONFAULTHANDLER='1'))
+    out, err = finish(proc, 300)
+    return proc, out, err
 
 
 def died_of_a_signal(err):
@@ -254,15 +238,13 @@ def test_fsdp_in_two_gloo_processes_equals_ddp_with_half_the_bytes(framework):
     if framework != 'pytorch':
         pytest.skip('the framework version runs in the PyTorch tab only '
                     '(PaddlePaddle group_sharded_parallel needs a GPU)')
-    returncode, out, err = run_fsdp_scenario()
-    if returncode != 0 and died_of_a_signal(err):
+    proc, out, err = run_fsdp_scenario()
+    if proc.returncode != 0 and died_of_a_signal(err):
         # Seen once in CI (rank 0, SIGSEGV) and in none of 171 runs here:
         # run once more, and show the first crash among the warnings.
         warnings.warn(f'FSDP scenario crashed; ran it again:\n{err[-3000:]}')
-        returncode, out, err = run_fsdp_scenario()
-    lines = [l for l in out.splitlines() if l.startswith('RESULT ')]
-    assert returncode == 0 and lines, err[-4000:]
-    for rank in json.loads(lines[-1][len('RESULT '):]):
+        proc, out, err = run_fsdp_scenario()
+    for rank in result_of(out, err, proc):
         ddp_held, _ = rank['DDP']
         fsdp_held, difference = rank['FSDP']
         assert difference < TOL
