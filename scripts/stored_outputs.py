@@ -5,6 +5,7 @@
     python scripts/stored_outputs.py restore  [BOOK_ROOT]   (before d2lbook build eval)
     python scripts/stored_outputs.py annotate [BOOK_ROOT]   (after it)
     python scripts/stored_outputs.py publish  [BOOK_ROOT] --pages P.md ... --tabs T ...
+    python scripts/stored_outputs.py tag      [BOOK_ROOT] --pages P.md ... --tabs T ...
     python scripts/stored_outputs.py normalise NOTEBOOK ...
 
 For every page and tab, `outputs/<tab>/<page>.ipynb` holds the code cells of
@@ -36,6 +37,23 @@ does: the cells whose outputs agree between the two runs (shapes, sizes,
 sums, error messages) are tagged `nbval-check-output`, so that nbval compares
 them with a fresh quick run; training cells differ and are exempt. The tags
 are cell metadata, invisible on the page.
+
+A notebook and its record are stored as one unit: each is written in full to
+a temporary file beside it, and the two are renamed into place only then,
+with Ctrl-C held back for those moments; the record holds the SHA-256 of its
+notebook's text. An interrupted or failed write leaves the previous outputs
+as they were. The full-mode run is stored as soon as it ends, before the
+quick pass: if that pass fails or is interrupted, the run stays stored and a
+message gives the `tag` command that adds the tags alone:
+
+    python scripts/stored_outputs.py tag [BOOK_ROOT] --pages P.md --tabs T
+
+A record or notebook that is missing, cut short or not the partner of the
+other is damaged: `status` names the file and the fix (`git checkout` of the
+committed pair, or `make publish`) and exits 1 after listing every page;
+`restore` says the same in one line and leaves the page to d2lbook, which
+evaluates it in quick mode. Records written before the hash was added are
+checked by their code cells instead.
 """
 import argparse
 import ast
@@ -44,6 +62,7 @@ import contextlib
 import copy
 import datetime
 import functools
+import glob
 import hashlib
 import importlib.metadata
 import json
@@ -51,9 +70,11 @@ import os
 import pathlib
 import platform
 import re
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 
 import nbformat
 
@@ -173,10 +194,6 @@ class Book:
         }
         return sha256(json.dumps(parts, sort_keys=True)), parts
 
-    def record(self, page, tab):
-        path = self.stored_path(page, tab, '.json')
-        return json.loads(path.read_text()) if path.exists() else None
-
 
 IDENTIFIER = re.compile(r'\b[A-Za-z_]\w*\b')
 SCRIPT_NAME = re.compile(r'[\w./-]*\w\.py\b')
@@ -214,10 +231,28 @@ def referenced_names(node):
     return names
 
 
+# Lines as ast.get_source_segment splits them (\r, \n and \r\n end a line).
+SOURCE_LINE = re.compile(r'[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z')
+
+
+def source_segment(lines, node):
+    """ast.get_source_segment(text, node) for LINES, the text's lines split once.
+
+    The same text (column offsets count UTF-8 bytes), without splitting the
+    whole module again for every statement, which took seconds per module.
+    """
+    first, last = node.lineno - 1, node.end_lineno - 1
+    if first == last:
+        return lines[first].encode()[node.col_offset:node.end_col_offset].decode()
+    return ''.join([lines[first].encode()[node.col_offset:].decode()] + lines[first + 1:last]
+                   + [lines[last].encode()[:node.end_col_offset].decode()])
+
+
 @functools.lru_cache(maxsize=None)
 def top_level_statements(lib_text):
     """(source, names it defines or None if it always counts, names it mentions) per statement."""
-    return [(ast.get_source_segment(lib_text, node), defined_names(node), referenced_names(node))
+    lines = SOURCE_LINE.findall(lib_text)
+    return [(source_segment(lines, node), defined_names(node), referenced_names(node))
             for node in ast.parse(lib_text).body]
 
 
@@ -387,7 +422,7 @@ def normalise_file(path):
     nb = nbformat.read(str(path), as_version=4)
     text = dumps(normalise(nb, roots=(ROOT,)))
     if pathlib.Path(path).read_text() != text:
-        pathlib.Path(path).write_text(text)
+        write_files({pathlib.Path(path): text})
         return True
     return False
 
@@ -449,6 +484,232 @@ def run_record(book, page, tab, nb, quick, when=None):
 
 
 # ---------------------------------------------------------------------------
+# Writing whole files, and reading back what is stored
+
+@contextlib.contextmanager
+def signals_deferred():
+    """Hold SIGINT and SIGTERM back until the block ends; they take effect then."""
+    received, old = [], {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            handler = signal.getsignal(sig)
+            if handler is not None:  # None: set outside Python, cannot be put back
+                old[sig] = signal.signal(sig, lambda num, frame: received.append(num))
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+        for sig in dict.fromkeys(received):
+            signal.raise_signal(sig)
+
+
+def tmp_name(path):
+    """A temporary file beside PATH, named after it and this process."""
+    return f'.{path.name}.{os.getpid()}.'
+
+
+def leftovers(folder, name='*'):
+    """Temporary files in FOLDER left by a writing process that no longer runs."""
+    found = []
+    for tmp in sorted(pathlib.Path(folder).glob(f'.{name}.*.tmp')):
+        pid = tmp.name[:-len('.tmp')].rsplit('.', 2)[-2]
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            found.append(tmp)
+        except OSError:
+            pass  # running, as another user
+    return found
+
+
+def file_mode(path):
+    """PATH's permissions, or those a new file gets."""
+    try:
+        return path.stat().st_mode & 0o7777
+    except FileNotFoundError:
+        umask = os.umask(0o022)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
+def write_files(texts):
+    """Write {path: text} so that every path holds either its old text or its new one.
+
+    Each text goes in full to a temporary file beside its path and onto the
+    disk; only then are the files renamed over their paths, in the order
+    given, with SIGINT and SIGTERM held back until all are renamed. A failed
+    or interrupted write leaves the old files as they were and removes its
+    temporary file; one killed outright (SIGKILL, power loss) leaves the old
+    files and a `.<name>.<pid>.*.tmp` file, removed by the next write there.
+    """
+    temps = {}
+    with signals_deferred():
+        try:
+            for path, text in texts.items():
+                path = pathlib.Path(path)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                for old in leftovers(path.parent, glob.escape(path.name)):
+                    old.unlink(missing_ok=True)
+                fd, temps[path] = tempfile.mkstemp(dir=path.parent, prefix=tmp_name(path),
+                                                   suffix='.tmp')
+                try:
+                    os.fchmod(fd, file_mode(path))
+                    data = memoryview(text.encode())
+                    while data:
+                        data = data[os.write(fd, data):]
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            for path in list(temps):
+                os.replace(temps.pop(path), path)
+        finally:
+            for tmp in temps.values():
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+
+
+class Damaged(Exception):
+    """Stored outputs that cannot be used: the message names the file and the fix."""
+
+
+def relative(book, path):
+    try:
+        return path.relative_to(book.root).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def fix_for(book, page, tab):
+    """How to repair the stored outputs of PAGE's TAB: from git, or by a new run."""
+    files = [relative(book, book.stored_path(page, tab, suffix)) for suffix in ('.json', '.ipynb')]
+    publish = f'make publish PAGES={page} TABS={tab}'
+    try:
+        tracked = subprocess.run(['git', 'ls-files', '--', *files], cwd=book.root,
+                                 capture_output=True, text=True, timeout=60).stdout.split()
+        changed = subprocess.run(['git', 'status', '--porcelain', '--', *tracked],
+                                 cwd=book.root, capture_output=True, text=True,
+                                 timeout=60).stdout.strip() if tracked else ''
+    except (OSError, subprocess.SubprocessError):
+        changed = ''
+    if changed:
+        return f'git checkout -- {" ".join(tracked)} (the committed outputs), or {publish}'
+    return publish
+
+
+def read_stored(book, page, tab, nb=None, key=None):
+    """(state, record, stored notebook) of PAGE's TAB; state is stored, stale or missing.
+
+    Raises Damaged, naming the file and the fix, for a record or notebook that
+    is missing, cut short or not what it should be, and for a notebook and
+    record that do not belong together: the record holds the SHA-256 of its
+    notebook's text (records written before it was added are checked by
+    their code instead: a current key with other code cells is damaged).
+    NB and KEY are the page's tab notebook and key, computed when not given.
+    """
+    record_path, nb_path = book.stored_path(page, tab, '.json'), book.stored_path(page, tab)
+
+    def damaged(problem):
+        return Damaged(f'{problem}; fix: {fix_for(book, page, tab)}')
+
+    if not record_path.exists():
+        if not nb_path.exists():
+            return 'missing', None, None
+        raise damaged(f'{relative(book, record_path)} is missing '
+                      f'(its notebook {relative(book, nb_path)} is there)')
+    try:
+        record = json.loads(record_path.read_text())
+    except (OSError, ValueError) as err:  # UnicodeDecodeError and JSONDecodeError too
+        raise damaged(f'{relative(book, record_path)} cannot be read, cut short or not a record '
+                      f'({type(err).__name__}: {err})') from None
+    if not isinstance(record, dict) or not isinstance(record.get('key'), str):
+        raise damaged(f'{relative(book, record_path)} is not a record of stored outputs '
+                      f'(a JSON object with a key)')
+    if (record.get('page', page), record.get('tab', tab)) != (page, tab):
+        raise damaged(f'{relative(book, record_path)} is the record of {record.get("page")} '
+                      f'[{record.get("tab")}]')
+    if not nb_path.exists():
+        raise damaged(f'{relative(book, nb_path)} is missing '
+                      f'(its record {relative(book, record_path)} is there)')
+    try:
+        text = nb_path.read_text()
+    except (OSError, ValueError) as err:
+        raise damaged(f'{relative(book, nb_path)} cannot be read ({type(err).__name__}: {err})'
+                      ) from None
+    if record.get('notebook_sha256', sha256(text)) != sha256(text):
+        raise damaged(f'{relative(book, nb_path)} is not the notebook its record '
+                      f'{relative(book, record_path)} was written with (one of the two was '
+                      f'replaced or cut short)')
+    try:
+        json.loads(text)
+    except ValueError as err:
+        raise damaged(f'{relative(book, nb_path)} is cut short or not JSON '
+                      f'({type(err).__name__}: {err})') from None
+    try:
+        stored = nbformat.reads(text, as_version=4)
+        nbformat.validate(stored)
+    except Exception as err:  # ValidationError, AttributeError on [] ...
+        first = str(err).strip().splitlines()[0] if str(err).strip() else ''
+        raise damaged(f'{relative(book, nb_path)} is not a notebook '
+                      f'({type(err).__name__}: {first[:200]})') from None
+    nb = nb if nb is not None else book.tab_notebook(page, tab)
+    key = key if key is not None else book.key(page, tab, nb)[0]
+    if record['key'] != key:
+        return 'stale', record, stored
+    if [c.source for c in code_cells(nb)] != [_join(c.source) for c in code_cells(stored)]:
+        raise damaged(f'{relative(book, nb_path)} holds other code than the page although '
+                      f'its record {relative(book, record_path)} has the current key (the two '
+                      f'do not belong together)')
+    return 'stored', record, stored
+
+
+def store(book, page, tab, nb, record, root=None):
+    """Store notebook NB and its RECORD as one unit (see write_files); return NB's path.
+
+    The record, which holds the notebook's SHA-256, is renamed into place
+    first: a process killed between the two renames leaves a pair that
+    read_stored reports as damaged, never a wrong pair taken as stored.
+    ROOT, if given, stands for the book root (the pair goes to ROOT/outputs/).
+    """
+    text = dumps(nb)
+    record = dict(record, notebook_sha256=sha256(text))
+    path = book.stored_path(page, tab)
+    if root is not None:
+        path = root / path.relative_to(book.root)
+    write_files({path.with_suffix('.json'): json.dumps(record, indent=1, sort_keys=True) + '\n',
+                 path: text})
+    return path
+
+
+def store_run(book, page, tab, nb, record):
+    """store(), and if that fails, keep the run under _build/publish/ and say so."""
+    try:
+        return store(book, page, tab, nb, record)
+    except OSError as err:
+        target = book.stored_path(page, tab)
+        kept = book.root / book.config.tgt_dir / 'publish'
+        try:
+            path = store(book, page, tab, nb, record, root=kept)
+        except OSError as second:
+            print(f'publish: could not store the run of {page} [{tab}] in '
+                  f'{relative(book, target)} ({type(err).__name__}: {err}), nor keep it in '
+                  f'{relative(book, kept)} ({second}); the stored outputs are as they were. '
+                  f'Once the cause is fixed, run it again: make publish PAGES={page} '
+                  f'TABS={tab}', file=sys.stderr, flush=True)
+            raise err from None
+        moves = ' && '.join(f'mv {relative(book, path.with_suffix(suffix))} '
+                            f'{relative(book, target.with_suffix(suffix))}'
+                            for suffix in ('.json', '.ipynb'))
+        print(f'publish: could not store the run of {page} [{tab}] in '
+              f'{relative(book, target)} ({type(err).__name__}: {err}). It is kept in '
+              f'{relative(book, path)} and its record beside it; once the cause is fixed, '
+              f'move them into place: {moves}', file=sys.stderr, flush=True)
+        raise
+
+
+# ---------------------------------------------------------------------------
 # restore: stored outputs into the eval folders
 
 def assemble(book, page, tab, nb, stored, record):
@@ -468,9 +729,13 @@ def assemble(book, page, tab, nb, stored, record):
 
 
 def restore(book, verbose=True):
-    """Write every page and tab whose stored key matches; drop stale restored ones."""
+    """Write every page and tab whose stored key matches; drop stale restored ones.
+
+    A damaged stored page (see read_stored) counts as stale: d2lbook
+    evaluates it, and one line on stderr names the file and the fix.
+    """
     deps = book.dependencies()
-    report = {'stored': [], 'no code': [], 'stale': [], 'missing': []}
+    report = {'stored': [], 'no code': [], 'stale': [], 'missing': [], 'damaged': []}
     for page in book.pages():
         for tab in book.tabs:
             nb = book.tab_notebook(page, tab)
@@ -483,24 +748,34 @@ def restore(book, verbose=True):
                 write_fresh(target, text, newest_source)
                 report['no code'].append((page, tab))
                 continue
-            record = book.record(page, tab)
             key, _ = book.key(page, tab, nb)
-            stored_nb = book.stored_path(page, tab)
-            if record and record.get('key') == key and stored_nb.exists():
-                stored = nbformat.read(str(stored_nb), as_version=4)
+            try:
+                state, record, stored = read_stored(book, page, tab, nb, key)
+            except Damaged as err:
+                state = 'damaged'
+                print(f'stored outputs: {page} [{tab}] is evaluated in quick mode: {err}',
+                      file=sys.stderr, flush=True)
+            if state == 'stored':
                 write_fresh(target, assemble(book, page, tab, nb, stored, record), newest_source)
                 report['stored'].append((page, tab))
                 continue
-            report['stale' if record else 'missing'].append((page, tab))
+            report[state].append((page, tab))
             if target.exists() and target.stat().st_size:
-                old = nbformat.read(str(target), as_version=4)
-                if old.metadata.get(RECORD, {}).get('source') in ('stored', 'no code'):
+                try:
+                    source = nbformat.read(str(target), as_version=4).metadata.get(
+                        RECORD, {}).get('source')
+                except Exception:  # cut short by an interrupted build: evaluate it again
+                    source = 'stored'
+                if source in ('stored', 'no code'):
                     target.unlink()  # d2lbook evaluates it again
     if verbose:
+        evaluated = sum(len(report[k]) for k in ('stale', 'missing', 'damaged'))
         print(f'stored outputs: {len(report["stored"])} page tabs reused from {STORE}/, '
-              f'{len(report["stale"]) + len(report["missing"])} to evaluate')
+              f'{evaluated} to evaluate')
         for page, tab in report['stale']:
             print(f'  stale (code, d2l or versions changed): {page} [{tab}]')
+        for page, tab in report['damaged']:
+            print(f'  damaged (see above): {page} [{tab}]')
     return report
 
 
@@ -513,9 +788,8 @@ def _with_language(nb, record):
 
 def write_fresh(target, text, not_before):
     """Write TEXT unless it is there already, and keep the file newer than the sources."""
-    target.parent.mkdir(parents=True, exist_ok=True)
     if not target.exists() or target.read_text() != text:
-        target.write_text(text)
+        write_files({target: text})
     now = max(datetime.datetime.now().timestamp(), not_before + 1)
     if target.stat().st_mtime <= not_before:
         os.utime(target, (now, now))
@@ -618,7 +892,7 @@ def annotate(book, verbose=True):
             text = nbformat.writes(nb)
             if path.read_text() != text:
                 mtime = path.stat().st_mtime
-                path.write_text(text)
+                write_files({path: text})
                 os.utime(path, (mtime, mtime))  # keep d2lbook's view of freshness
     if verbose:
         def show(label, items):
@@ -668,15 +942,43 @@ def single_stream(cell):
     return len(streams) <= 1 and all(o.get('name') == 'stdout' for o in streams)
 
 
+def page_of(book, page, who):
+    page = pathlib.Path(os.path.relpath((book.root / page).resolve(), book.root)).as_posix()
+    if page not in book.pages():
+        raise SystemExit(f'{who}: {page} is not a page of the book (config.ini [build])')
+    return page
+
+
+def check_tab(book, tab, who):
+    if tab not in book.tabs:
+        raise SystemExit(f'{who}: unknown tab {tab!r}; the tabs are {book.tabs}')
+
+
+def command(book, name, *args):
+    """The command line that runs this script's command NAME on BOOK with ARGS."""
+    python = sys.executable
+    if python.startswith(str(book.root) + os.sep):
+        python = os.path.relpath(python, book.root)
+    script = relative(book, pathlib.Path(__file__).resolve())
+    root = [] if book.root == ROOT else [str(book.root)]
+    return ' '.join([python, script, name, *root, *args])
+
+
 def publish(book, pages, tabs, timeout=None, classify=True):
+    """Run PAGES' TABS in full mode and store them; then tag the cells nbval compares.
+
+    The full-mode run is stored (notebook and record, as one unit) as soon as
+    it finishes; the quick pass that finds the cells nbval can compare comes
+    after it and stores the notebook again with their tags. If the quick pass
+    fails or is interrupted, the full-mode run stays stored, its record says
+    `"nbval_tags": "pending"`, and a message names the `tag` command that
+    adds the tags without running the full mode again.
+    """
     stored = []
     for page in pages:
-        page = pathlib.Path(os.path.relpath((book.root / page).resolve(), book.root)).as_posix()
-        if page not in book.pages():
-            raise SystemExit(f'publish: {page} is not a page of the book (config.ini [build])')
+        page = page_of(book, page, 'publish')
         for tab in tabs:
-            if tab not in book.tabs:
-                raise SystemExit(f'publish: unknown tab {tab!r}; the tabs are {book.tabs}')
+            check_tab(book, tab, 'publish')
             nb = book.tab_notebook(page, tab)
             if nb is None or not code_cells(nb):
                 print(f'publish: {page} has no {tab} code; nothing to store')
@@ -687,53 +989,113 @@ def publish(book, pages, tabs, timeout=None, classify=True):
                 print(f'publish: {page} [{tab}] in full mode ...', flush=True)
                 full = execute(book, page, tab, nb, dict(env, D2L_QUICK='0'), timeout)
                 seconds = (datetime.datetime.now(datetime.timezone.utc) - began).total_seconds()
+                record = run_record(book, page, tab, full, quick=False, when=began)
+                record['seconds'] = round(seconds)
                 if classify:
-                    print(f'publish: {page} [{tab}] in quick mode without a GPU, to find the '
-                          f'cells nbval can compare ...', flush=True)
-                    quick = execute(book, page, tab, nb,
-                                    dict(env, D2L_QUICK='1', CUDA_VISIBLE_DEVICES=''), timeout)
-            roots = (book.root,)
-            if classify:
-                for cell, fast in zip(code_cells(full), code_cells(quick)):
-                    same = (normalise_outputs(cell.outputs, roots)
-                            == normalise_outputs(fast.outputs, roots))
-                    tags = [t for t in cell.metadata.get('tags', []) if t != CHECK_TAG]
-                    if same and single_stream(fast) and not any(
-                            o.get('output_type') == 'error' or
-                            any(m.startswith('image/') for m in o.get('data', {}))
-                            for o in fast.outputs):
-                        tags.append(CHECK_TAG)
-                    cell.metadata['tags'] = tags
-            record = run_record(book, page, tab, full, quick=False, when=began)
-            record['seconds'] = round(seconds)
-            out_nb = book.stored_path(page, tab)
-            out_nb.parent.mkdir(parents=True, exist_ok=True)
-            out_nb.write_text(dumps(normalise(full, roots)))
-            book.stored_path(page, tab, '.json').write_text(
-                json.dumps(record, indent=1, sort_keys=True) + '\n')
-            dirty = [line for text in output_texts(full) for line in dirty_lines(text)]
-            if dirty:
-                print(f'publish: WARNING: {page} [{tab}] shows framework banners or C++ '
-                      f'log lines (tests/test_stored_outputs.py fails on them):\n  '
-                      + '\n  '.join(dirty[:10]))
-            checked = sum(CHECK_TAG in c.metadata.get('tags', []) for c in code_cells(full))
-            print(f'publish: stored {out_nb.relative_to(book.root)} ({round(seconds)} s, '
-                  f'{checked} of {len(code_cells(full))} cells compared by nbval)')
+                    record['nbval_tags'] = 'pending'
+                normalised = normalise(full, (book.root,))
+                out_nb = store_run(book, page, tab, normalised, record)
+                dirty = [line for text in output_texts(full) for line in dirty_lines(text)]
+                if dirty:
+                    print(f'publish: WARNING: {page} [{tab}] shows framework banners or C++ '
+                          f'log lines (tests/test_stored_outputs.py fails on them):\n  '
+                          + '\n  '.join(dirty[:10]))
+                if classify:
+                    print(f'publish: stored the full-mode run in {relative(book, out_nb)}; now '
+                          f'{page} [{tab}] in quick mode without a GPU, to find the cells '
+                          f'nbval can compare ...', flush=True)
+                    try:
+                        normalised = add_check_tags(book, page, tab, nb, normalised, record,
+                                                    env, timeout)
+                    except BaseException as err:
+                        print(f'publish: the quick pass of {page} [{tab}] did not finish '
+                              f'({type(err).__name__}). The full-mode run ({round(seconds)} s) '
+                              f'stays stored in {relative(book, out_nb)}, with its record, but '
+                              f'without the tags that let nbval compare its deterministic '
+                              f'cells; to add them without running the full mode again: '
+                              f'{command(book, "tag", "--pages", page, "--tabs", tab)}',
+                              file=sys.stderr, flush=True)
+                        raise
+            checked = sum(CHECK_TAG in c.metadata.get('tags', []) for c in code_cells(normalised))
+            print(f'publish: stored {relative(book, out_nb)} ({round(seconds)} s, '
+                  f'{checked} of {len(code_cells(normalised))} cells compared by nbval)')
             stored.append(out_nb)
     return stored
 
 
+def add_check_tags(book, page, tab, nb, stored, record, env, timeout=None):
+    """Run NB in quick mode without a GPU, as CI does, and tag the cells of STORED
+    (the normalised full-mode run) whose outputs agree; store it and RECORD again."""
+    quick = execute(book, page, tab, nb, dict(env, D2L_QUICK='1', CUDA_VISIBLE_DEVICES=''),
+                    timeout)
+    stored = copy.deepcopy(stored)
+    roots = (book.root,)
+    for cell, fast in zip(code_cells(stored), code_cells(quick)):
+        same = normalise_outputs(cell.outputs, roots) == normalise_outputs(fast.outputs, roots)
+        tags = [t for t in cell.metadata.get('tags', []) if t != CHECK_TAG]
+        if same and single_stream(fast) and not any(
+                o.get('output_type') == 'error' or
+                any(m.startswith('image/') for m in o.get('data', {}))
+                for o in fast.outputs):
+            tags.append(CHECK_TAG)
+        cell.metadata['tags'] = tags
+    stored = normalise(stored, roots)
+    record = {k: v for k, v in record.items() if k not in ('nbval_tags', 'notebook_sha256')}
+    store_run(book, page, tab, stored, record)
+    return stored
+
+
+def tag(book, pages, tabs, timeout=None):
+    """Add the nbval tags to stored full-mode runs whose quick pass did not finish."""
+    for page in pages:
+        page = page_of(book, page, 'tag')
+        for tab in tabs:
+            check_tab(book, tab, 'tag')
+            nb = book.tab_notebook(page, tab)
+            if nb is None or not code_cells(nb):
+                continue
+            try:
+                state, record, stored = read_stored(book, page, tab, nb)
+            except Damaged as err:
+                raise SystemExit(f'tag: {page} [{tab}]: {err}') from None
+            if state != 'stored':
+                raise SystemExit(f'tag: {page} [{tab}] has no current stored outputs ({state}); '
+                                 f'run it in full mode: make publish PAGES={page} TABS={tab}')
+            print(f'tag: {page} [{tab}] in quick mode without a GPU, to find the cells nbval '
+                  f'can compare ...', flush=True)
+            with tempfile.TemporaryDirectory() as tmp:
+                stored = add_check_tags(book, page, tab, nb, stored, record,
+                                        matplotlib_env(pathlib.Path(tmp)), timeout)
+            checked = sum(CHECK_TAG in c.metadata.get('tags', []) for c in code_cells(stored))
+            print(f'tag: stored {relative(book, book.stored_path(page, tab))} '
+                  f'({checked} of {len(code_cells(stored))} cells compared by nbval)')
+
+
 def status(book):
+    """Print the state of every page and tab; return how many are damaged."""
+    damaged = 0
     for page in book.pages():
         for tab in book.tabs:
             nb = book.tab_notebook(page, tab)
             if nb is None or not code_cells(nb):
                 continue
-            record = book.record(page, tab)
-            key, _ = book.key(page, tab, nb)
-            state = ('missing' if record is None else
-                     'stored' if record.get('key') == key else 'stale')
+            try:
+                state, record, _ = read_stored(book, page, tab, nb)
+            except Damaged as err:
+                damaged += 1
+                print(f'damaged  {page} [{tab}]: {err}')
+                continue
             print(f'{state:8} {page} [{tab}]')
+            if record and record.get('nbval_tags') == 'pending':
+                print(f'         its quick pass did not finish, so nbval compares none of its '
+                      f'cells: {command(book, "tag", "--pages", page, "--tabs", tab)}')
+    store_dir = book.root / STORE
+    folders = [f for f in [store_dir, *store_dir.rglob('*')] if f.is_dir()]
+    for tmp in [t for folder in folders for t in leftovers(folder)]:
+        print(f'leftover {relative(book, tmp)}: a temporary file of an interrupted write '
+              f'(the stored files are whole); the next publish there removes it, or: '
+              f'rm {relative(book, tmp)}')
+    return damaged
 
 
 def main(argv=None):
@@ -746,6 +1108,12 @@ def main(argv=None):
     pub.add_argument('--pages', nargs='+', help='page sources (default: every page)')
     pub.add_argument('--tabs', nargs='+')
     pub.add_argument('--timeout', type=int, default=None, help='seconds per cell (default: none)')
+    retag = sub.add_parser('tag', help='only the quick pass of publish, for stored runs whose '
+                                       'quick pass did not finish')
+    retag.add_argument('root', nargs='?', default=str(ROOT))
+    retag.add_argument('--pages', nargs='+', required=True)
+    retag.add_argument('--tabs', nargs='+', required=True)
+    retag.add_argument('--timeout', type=int, default=None)
     norm = sub.add_parser('normalise')
     norm.add_argument('notebooks', nargs='+')
     args = parser.parse_args(argv)
@@ -757,8 +1125,12 @@ def main(argv=None):
     book = Book(args.root)
     if args.command == 'publish':
         publish(book, args.pages or book.pages(), args.tabs or book.tabs, args.timeout)
+    elif args.command == 'tag':
+        tag(book, args.pages, args.tabs, args.timeout)
+    elif args.command == 'status':
+        return 1 if status(book) else 0
     else:
-        {'status': status, 'restore': restore, 'annotate': annotate}[args.command](book)
+        {'restore': restore, 'annotate': annotate}[args.command](book)
     return 0
 
 

@@ -6,12 +6,14 @@ The mechanism is exercised on a small book of two pages built in a temporary
 folder (real d2lbook evaluation, real kernels); the committed store is checked
 as it is.
 """
+import errno
 import importlib.util
 import json
 import os
 import pathlib
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -403,6 +405,9 @@ def test_committed_stored_notebooks_are_normalised_and_recorded(path):
     assert record['page'] == pathlib.Path(*page).with_suffix('.md').as_posix()
     assert (ROOT / record['page']).exists(), f'{path} stores a page that no longer exists'
     assert record['mode'] == 'full' and record['devices'] and record['date']
+    # Records written before the notebook's hash was added to them have none.
+    assert record.get('notebook_sha256', so.sha256(path.read_text())) == so.sha256(
+        path.read_text()), f'{path} is not the notebook its record was written with'
 
 
 def test_committed_stored_outputs_stay_small():
@@ -466,3 +471,367 @@ def test_every_stored_training_run_learns_and_shows_its_curve(path):
             assert any(m.startswith('image/') for o in cell.outputs
                        for m in o.get('data', {})), (
                 f'{path}: the training cell {cell.source[:60]!r} shows no figure')
+
+
+# ---------------------------------------------------------------------------
+# Interrupted writes and damaged records, on a copy of real stored outputs
+
+def smallest_stored_page():
+    """The page whose stored outputs, all tabs together, are smallest."""
+    sizes = {}
+    for path in stored_notebooks():
+        _, *rest = path.relative_to(ROOT / so.STORE).parts
+        page = pathlib.Path(*rest).with_suffix('.md').as_posix()
+        if (ROOT / page).exists():
+            sizes[page] = sizes.get(page, 0) + path.stat().st_size
+    return min(sizes, key=sizes.get)
+
+
+def git(root, *args):
+    return subprocess.run(['git', '-c', 'user.name=test', '-c', 'user.email=test@localhost',
+                           *args], cwd=root, capture_output=True, text=True, check=True).stdout
+
+
+def committed(path):
+    """PATH as committed (HEAD), so that others' edits in progress leave the
+    copy's pages as current as their stored outputs; PATH itself without git."""
+    try:
+        return subprocess.run(['git', 'show', f'HEAD:{path.relative_to(ROOT).as_posix()}'],
+                              cwd=ROOT, capture_output=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return path.read_bytes()
+
+
+@pytest.fixture
+def real(tmp_path):
+    """A copy of the book tree with one real page, its scripts, d2l and its stored
+    outputs in every tab, committed to a git repository of its own."""
+    page = smallest_stored_page()
+    root = tmp_path / 'book'
+    paths = [ROOT / 'config.ini', ROOT / 'index.md', ROOT / page]
+    paths += sorted((ROOT / 'd2l').glob('*.py')) + sorted((ROOT / page).parent.glob('*.py'))
+    paths += [ROOT / pathlib.Path(so.STORE, tab, page).with_suffix(suffix)
+              for tab in TABS for suffix in ('.ipynb', '.json')]
+    for path in paths:
+        copy = root / path.relative_to(ROOT)
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        copy.write_bytes(committed(path))
+    git(root, 'init', '-q')
+    git(root, 'add', '.')
+    git(root, 'commit', '-q', '-m', 'the book')
+    return so.Book(root), page
+
+
+def files(book, page, tab):
+    """The bytes of the stored notebook and record of PAGE's TAB (None if absent)."""
+    return {suffix: book.stored_path(page, tab, suffix).read_bytes()
+            if book.stored_path(page, tab, suffix).exists() else None
+            for suffix in ('.ipynb', '.json')}
+
+
+def status_lines(book, capsys):
+    capsys.readouterr()
+    damaged = so.status(book)
+    return damaged, capsys.readouterr().out.splitlines()
+
+
+def temporary_files(book):
+    return sorted((book.root / so.STORE).rglob('.*.tmp'))
+
+
+def fake_kernel(monkeypatch, quick=None):
+    """Replace the kernels publish runs: the full-mode run prints `full run` in
+    every cell; the quick one prints the same in the first cell and `quick run`
+    in the others, or raises QUICK."""
+    def execute(book, page, tab, nb, env, timeout=None):
+        nb = nbformat.from_dict(json.loads(json.dumps(nb)))
+        if env['D2L_QUICK'] == '1' and quick is not None:
+            raise quick
+        for i, cell in enumerate(so.code_cells(nb)):
+            text = 'quick run\n' if env['D2L_QUICK'] == '1' and i else 'full run\n'
+            cell.outputs = [nbformat.v4.new_output('stream', name='stdout', text=text)]
+        return nb
+    monkeypatch.setattr(so, 'execute', execute)
+
+
+# Runs publish for one page and tab in a process of its own, with the
+# kernel replaced (a run whose notebook is over 64 KiB) and its write
+# interrupted as argv[5] says: 'kill' (the kernel kills the process at the
+# file size limit of 32 KiB), 'fail' (the write fails there with EFBIG, as
+# on a full disk), 'ctrl-c' (SIGINT arrives in the middle of the first write
+# into outputs/) or 'kill-between' (SIGKILL after the first file is renamed
+# into outputs/, before the second).
+CHILD = r'''
+import importlib.util, os, resource, signal, sys
+spec = importlib.util.spec_from_file_location('so', sys.argv[1])
+so = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(so)
+book, page, tab, how = so.Book(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+
+def execute(book, page, tab, nb, env, timeout=None):
+    nb = so.copy.deepcopy(nb)
+    for cell in so.code_cells(nb):
+        cell.outputs = [so.nbformat.v4.new_output('stream', name='stdout',
+                                                  text='new run\n' * 8192)]
+    return nb
+
+so.execute = execute
+if how in ('kill', 'fail'):
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (32 * 1024, resource.RLIM_INFINITY))
+    if how == 'kill':
+        signal.signal(signal.SIGXFSZ, signal.SIG_DFL)  # Python ignores it
+elif how == 'kill-between':
+    real_replace = os.replace
+
+    def replace(src, dst):
+        real_replace(src, dst)
+        if os.sep + so.STORE + os.sep in str(dst):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    os.replace = replace
+else:
+    real_write, interrupted = os.write, []
+
+    def write(fd, data):
+        path = os.readlink(f'/proc/self/fd/{fd}')
+        if interrupted or os.sep + so.STORE + os.sep not in path:
+            return real_write(fd, data)
+        interrupted.append(path)
+        done = real_write(fd, bytes(data)[:len(data) // 2])
+        signal.raise_signal(signal.SIGINT)
+        return done
+
+    os.write = write
+so.publish(book, [page], [tab], classify=False)
+'''
+
+
+def publish_in_child(book, page, tab, how):
+    return subprocess.run(
+        [sys.executable, '-c', CHILD, spec.origin, str(book.root), page, tab, how],
+        cwd=book.root, capture_output=True, text=True, timeout=120,
+        env=dict(os.environ, PYTHONDONTWRITEBYTECODE='1'))
+
+
+@pytest.mark.parametrize('how', ['kill', 'fail'])
+def test_a_publish_cut_off_in_its_write_leaves_the_previous_outputs_whole(
+        real, capsys, monkeypatch, how):
+    book, page = real
+    before = {tab: files(book, page, tab) for tab in TABS}
+    _, lines = status_lines(book, capsys)
+    run = publish_in_child(book, page, 'pytorch', how)
+    if how == 'kill':
+        assert run.returncode == -signal.SIGXFSZ, run.stderr[-3000:]
+    else:
+        assert run.returncode == 1 and 'File too large' in run.stderr, run.stderr[-3000:]
+        assert (f'publish: could not store the run of {page} [pytorch] in '
+                f'{book.stored_path(page, "pytorch").relative_to(book.root).as_posix()} '
+                f'(OSError: [Errno 27] File too large), nor keep it in _build/publish '
+                ) in run.stderr and run.stderr.count(
+                    f'make publish PAGES={page} TABS=pytorch') == 1
+    assert {tab: files(book, page, tab) for tab in TABS} == before
+    damaged, after = status_lines(book, capsys)
+    assert damaged == 0
+    assert [line for line in after if not line.startswith('leftover ')] == lines
+    left = temporary_files(book)
+    if how == 'fail':
+        assert left == []
+        return
+    # Killed outright, the process could not remove its temporary files (the
+    # record's, written in full, and the notebook's): status names them, and
+    # the next publish of the page removes them.
+    assert sorted(path.name.split('.')[1:3] for path in left) == [
+        [page.split('/')[-1][:-3], suffix] for suffix in ('ipynb', 'json')]
+    assert [line for line in after if line.startswith('leftover ')] == [
+        f'leftover {path.relative_to(book.root).as_posix()}: a temporary file of an '
+        f'interrupted write (the stored files are whole); the next publish there removes '
+        f'it, or: rm {path.relative_to(book.root).as_posix()}' for path in left]
+    fake_kernel(monkeypatch)
+    so.publish(book, [page], ['pytorch'], classify=False)
+    assert temporary_files(book) == []
+
+
+def test_ctrl_c_in_the_middle_of_a_write_stores_the_new_pair_whole(real, capsys):
+    book, page = real
+    old = files(book, page, 'pytorch')
+    run = publish_in_child(book, page, 'pytorch', 'ctrl-c')
+    # Ctrl-C takes effect once the notebook and its record are both in place.
+    assert run.returncode == -signal.SIGINT, run.stderr[-3000:]
+    assert run.stderr.rstrip().endswith('KeyboardInterrupt')
+    new = files(book, page, 'pytorch')
+    assert new['.ipynb'] != old['.ipynb'] and new['.json'] != old['.json']
+    assert new['.ipynb'].decode().count('new run') == 8192 * len(
+        so.code_cells(nbformat.reads(new['.ipynb'].decode(), as_version=4)))
+    state, record, _ = so.read_stored(book, page, 'pytorch')
+    assert state == 'stored' and record['notebook_sha256'] == so.sha256(new['.ipynb'])
+    assert temporary_files(book) == []
+
+
+def test_a_publish_killed_between_its_two_renames_leaves_a_pair_reported_damaged(
+        real, capsys):
+    book, page = real
+    _, before = status_lines(book, capsys)
+    run = publish_in_child(book, page, 'pytorch', 'kill-between')
+    assert run.returncode == -signal.SIGKILL, run.stderr[-3000:]
+    # The new record is in place, the old notebook still beside it: its hash
+    # tells that the two do not belong together.
+    nb = book.stored_path(page, 'pytorch').relative_to(book.root).as_posix()
+    assert book.stored_path(page, 'pytorch').read_text() == git(book.root, 'show', f'HEAD:{nb}')
+    damaged, lines = status_lines(book, capsys)
+    assert damaged == 1 and f'damaged  {page} [pytorch]: {nb} is not the notebook its ' \
+        f'record {nb[:-len(".ipynb")]}.json was written with' in '\n'.join(lines)
+    with pytest.raises(so.Damaged, match='fix: git checkout -- '):
+        so.read_stored(book, page, 'pytorch')
+
+
+def test_an_interrupted_quick_pass_keeps_the_full_mode_run_stored(real, monkeypatch, capsys):
+    book, page = real
+    others = {tab: files(book, page, tab) for tab in TABS[1:]}
+    fake_kernel(monkeypatch, quick=KeyboardInterrupt())
+    with pytest.raises(KeyboardInterrupt):
+        so.publish(book, [page], ['pytorch'])
+    out = book.stored_path(page, 'pytorch').relative_to(book.root).as_posix()
+    message = capsys.readouterr().err
+    assert (f'the quick pass of {page} [pytorch] did not finish (KeyboardInterrupt). The '
+            f'full-mode run') in message and f'stays stored in {out}, with its record' in message
+    assert f'tag {book.root} --pages {page} --tabs pytorch' in message
+    state, record, stored = so.read_stored(book, page, 'pytorch')
+    assert state == 'stored' and record['nbval_tags'] == 'pending'
+    assert {c.outputs[0].text for c in so.code_cells(stored)} == {'full run\n'}
+    assert all(not c.metadata.get('tags') for c in so.code_cells(stored))
+    assert {tab: files(book, page, tab) for tab in TABS[1:]} == others
+    _, lines = status_lines(book, capsys)
+    assert lines[lines.index(f'stored   {page} [pytorch]') + 1].startswith(
+        '         its quick pass did not finish')
+    # The tag command adds the tags without running the full mode again.
+    fake_kernel(monkeypatch)
+    so.tag(book, [page], ['pytorch'])
+    state, record, tagged = so.read_stored(book, page, 'pytorch')
+    assert state == 'stored' and 'nbval_tags' not in record
+    assert [c.outputs for c in so.code_cells(tagged)] == [c.outputs for c in
+                                                         so.code_cells(stored)]
+    assert [c.metadata.get('tags', []) for c in so.code_cells(tagged)] == [[so.CHECK_TAG]] + [
+        []] * (len(so.code_cells(tagged)) - 1)
+    assert temporary_files(book) == []
+
+
+def test_a_run_that_cannot_be_stored_is_kept_with_the_way_to_store_it(
+        real, monkeypatch, capsys):
+    book, page = real
+    before = files(book, page, 'pytorch')
+    real_mkstemp = so.tempfile.mkstemp
+
+    def full_disk(dir, **kwargs):
+        if pathlib.Path(dir).relative_to(book.root).parts[0] == so.STORE:
+            raise OSError(errno.ENOSPC, 'No space left on device')
+        return real_mkstemp(dir=dir, **kwargs)
+
+    monkeypatch.setattr(so.tempfile, 'mkstemp', full_disk)
+    fake_kernel(monkeypatch)
+    with pytest.raises(OSError, match='No space left on device'):
+        so.publish(book, [page], ['pytorch'], classify=False)
+    assert files(book, page, 'pytorch') == before and temporary_files(book) == []
+    message = capsys.readouterr().err
+    assert f'could not store the run of {page} [pytorch]' in message
+    monkeypatch.undo()
+    moves = message.split('move them into place: ')[1].strip()
+    assert moves.startswith('mv _build/publish/outputs/pytorch/')
+    subprocess.run(moves, shell=True, cwd=book.root, check=True)
+    state, _, stored = so.read_stored(book, page, 'pytorch')
+    assert state == 'stored'
+    assert {c.outputs[0].text for c in so.code_cells(stored)} == {'full run\n'}
+
+
+def cut_notebook(book, page, tab):
+    path = book.stored_path(page, tab)
+    path.write_bytes(path.read_bytes()[:path.stat().st_size // 2])
+    return path
+
+
+def cut_record(book, page, tab):
+    path = book.stored_path(page, tab, '.json')
+    path.write_text(''.join(path.read_text().splitlines(keepends=True)[:12]))
+    return path
+
+
+def empty_list_record(book, page, tab):
+    path = book.stored_path(page, tab, '.json')
+    path.write_text('[]\n')
+    return path
+
+
+def delete_notebook(book, page, tab):
+    path = book.stored_path(page, tab)
+    path.unlink()
+    return path
+
+
+def delete_record(book, page, tab):
+    path = book.stored_path(page, tab, '.json')
+    path.unlink()
+    return path
+
+
+def record_of_another_tab(book, page, tab):
+    path = book.stored_path(page, tab, '.json')
+    shutil.copy(book.stored_path(page, 'mxnet', '.json'), path)
+    return path
+
+
+def notebook_of_another_tab(book, page, tab):
+    """After a publish, whose record holds its notebook's hash."""
+    path = book.stored_path(page, tab)
+    shutil.copy(book.stored_path(page, 'mxnet'), path)
+    return path
+
+
+DAMAGE = [cut_notebook, cut_record, empty_list_record, delete_notebook, delete_record,
+          record_of_another_tab, notebook_of_another_tab]
+
+
+@pytest.mark.parametrize('damage', DAMAGE, ids=lambda f: f.__name__)
+def test_status_and_restore_name_a_damaged_file_and_the_fix_that_works(
+        real, capsys, monkeypatch, damage):
+    book, page = real
+    _, as_committed = status_lines(book, capsys)
+    if damage is notebook_of_another_tab:
+        fake_kernel(monkeypatch)
+        so.publish(book, [page], ['pytorch'], classify=False)
+    _, before = status_lines(book, capsys)
+    assert not any(line.startswith('damaged') for line in before)
+    restored = so.restore(book, verbose=False)
+    broken = damage(book, page, 'pytorch').relative_to(book.root).as_posix()
+    damaged, lines = status_lines(book, capsys)
+    assert damaged == 1
+    fix = ('git checkout -- ' + ' '.join(sorted(
+        book.stored_path(page, 'pytorch', s).relative_to(book.root).as_posix()
+        for s in ('.ipynb', '.json'))) + ' (the committed outputs), or make publish '
+        f'PAGES={page} TABS=pytorch')
+    line = lines[before.index(next(b for b in before if b.endswith(f'{page} [pytorch]')))]
+    assert line.startswith(f'damaged  {page} [pytorch]: {broken} ') and line.endswith(
+        f'; fix: {fix}'), line
+    # The other tabs are reported as before, and the command says it failed.
+    assert [b for b in lines if b != line] == [b for b in before if not b.endswith('[pytorch]')]
+    assert so.main(['status', str(book.root)]) == 1
+    capsys.readouterr()
+    # restore (make book) evaluates the page instead, and says why in one line.
+    report = so.restore(book, verbose=False)
+    assert report['damaged'] == [(page, 'pytorch')]
+    assert {k: v for k, v in report.items() if k != 'damaged'} == {
+        k: [pt for pt in v if pt != (page, 'pytorch')] for k, v in restored.items()
+        if k != 'damaged'}
+    assert not book.eval_path(page, 'pytorch').exists()
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(
+        f'stored outputs: {page} [pytorch] is evaluated in quick mode: {broken} ') and \
+        err[0].endswith(fix)
+    # The fix as given brings back the committed outputs.
+    subprocess.run(fix.split(' (')[0].split(), cwd=book.root, check=True)
+    assert status_lines(book, capsys) == (0, as_committed)
+
+
+def test_every_committed_stored_page_reads_as_stored_or_stale(capsys):
+    assert so.status(so.Book(ROOT)) == 0
+    assert not [line for line in capsys.readouterr().out.splitlines()
+                if not line.startswith(('stored ', 'stale ', 'missing '))]
