@@ -18,12 +18,14 @@ must keep working at the edge of their range go into EDGE_CALLS, as
 asserts the result is right.
 """
 import collections
+import os
+import re
 
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from conftest import tensor
+from conftest import MODULES, tensor
 
 Bad = collections.namedtuple(
     'Bad', 'section function label call error fragment')
@@ -310,3 +312,432 @@ def test_accumulator_rejects_every_wrong_count(d2l):
             with pytest.raises(ValueError, match=f'expected {n} values'):
                 acc.add(*values)
     check()
+
+
+# ---------------------------------------------------------------- the number sweep
+#
+# Every public function that takes a number is fed, one parameter at a time,
+# values that no caller means: nan and infinities, negative rates, zero and
+# negative counts, fractions where a count is expected, bools, strings and
+# None. Each must raise a ValueError that names the parameter, before any
+# work: never a silent nan, nor a ZeroDivisionError, TypeError or
+# AttributeError from inside the package or a framework. The same functions
+# must accept NumPy's integer and float scalars wherever a number is expected.
+
+NAN, INF = float('nan'), float('inf')
+BAD = {
+    'count': [0, -3, 2.5, True, NAN, '4', None],      # at least 1
+    'count or None': [0, -3, 2.5, True, NAN, '4'],    # None: the default
+    'count0': [-1, 2.5, True, NAN, '4', None],        # at least 0
+    'rate': [NAN, INF, -INF, -0.5, True, '0.1', None],  # finite, at least 0
+    'momentum': [NAN, INF, -0.5, 1.0, 1.5, True],     # in [0, 1)
+    'fraction': [NAN, INF, -0.5, 1.5, True],          # in [0, 1]
+    'real': [NAN, INF, -1.0, True, '1'],              # finite, at least 0
+}
+
+Sweep = collections.namedtuple('Sweep', 'function frameworks build kinds cheap')
+ALL = ('pytorch', 'mxnet', 'paddle')
+MULTI = ('pytorch', 'paddle')  # the flavours with process groups
+
+
+def param_with_grad(fw):
+    """A parameter of this framework after one backward pass."""
+    if fw == 'pytorch':
+        import torch
+        p = torch.tensor([1.0, 2.0], requires_grad=True)
+        (p * p).sum().backward()
+        return p
+    if fw == 'mxnet':
+        import mxnet as mx
+        p = mx.np.array([1.0, 2.0])
+        p.attach_grad()
+        with mx.autograd.record():
+            loss = (p * p).sum()
+        loss.backward()
+        return p
+    import paddle
+    p = paddle.to_tensor([1.0, 2.0], stop_gradient=False)
+    (p * p).sum().backward()
+    return p
+
+
+def an_optimizer(fw):
+    """A plain SGD optimizer of this framework over a small layer."""
+    if fw == 'pytorch':
+        import torch
+        return torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)
+    if fw == 'mxnet':
+        import mxnet as mx
+        net = mx.gluon.nn.Dense(2, in_units=2)
+        net.initialize()
+        return mx.gluon.Trainer(net.collect_params(), 'sgd',
+                                {'learning_rate': 0.1})
+    import paddle
+    return paddle.optimizer.SGD(learning_rate=0.1,
+                                parameters=paddle.nn.Linear(2, 2).parameters())
+
+
+def images(fw, n=4):
+    return floats(fw, np.random.default_rng(0).random((n, 1, 28, 28)))
+
+
+def lenet_step_args(d2l, fw):
+    devices = d2l.try_gpus(1)
+    return dict(X=images(fw), y=labels(fw, [0, 1, 2, 3]),
+                device_params=[d2l.get_params(d2l.lenet_params(), devices[0])],
+                devices=devices, lr=0.1)
+
+
+def zero_step_args(d2l, fw):
+    devices = d2l.try_gpus(1)
+    return dict(X=images(fw), y=labels(fw, [0, 1, 2, 3]),
+                states=d2l.zero_init(d2l.lenet_params(), devices, 0),
+                devices=devices, stage=0, lr=0.1, momentum=0.9)
+
+
+def cost_args():
+    return dict(num_bytes=4e6, k=2, alpha=1e-5, beta=1e-9)
+
+
+def small_net_args(d2l):
+    net = d2l._small_mlp(seed=0)
+    return dict(net=net, optimizer=d2l._sgd(net, 0.1), rank=0, world_size=1,
+                num_steps=1, batch_size=4, device='cpu')
+
+
+SWEEP = [
+    Sweep('try_gpu', ALL, lambda d2l, fw: (d2l.try_gpu, dict(i=0)),
+          {'i': 'count0'}, True),
+    Sweep('try_gpus', ALL, lambda d2l, fw: (d2l.try_gpus, dict(num_devices=1)),
+          {'num_devices': 'count'}, True),
+    Sweep('describe_devices', ALL, lambda d2l, fw: (
+        d2l.describe_devices, dict(devices=d2l.try_gpus(1), num_asked=1)),
+        {'num_asked': 'count or None'}, True),
+    Sweep('Accumulator', ALL, lambda d2l, fw: (d2l.Accumulator, dict(n=2)),
+          {'n': 'count'}, True),
+    Sweep('sgd', ALL, lambda d2l, fw: (d2l.sgd, dict(
+        params=[param_with_grad(fw)], lr=0.1, batch_size=2)),
+        {'lr': 'rate', 'batch_size': 'real'}, True),
+    Sweep('Animator', ALL, lambda d2l, fw: (d2l.Animator, dict(nrows=1, ncols=1)),
+          {'nrows': 'count', 'ncols': 'count'}, True),
+    Sweep('train_epochs', ALL, lambda d2l, fw: (
+        d2l.train_epochs, dict(num_epochs=2)), {'num_epochs': 'count'}, True),
+    Sweep('load_data_fashion_mnist', ALL, lambda d2l, fw: (
+        d2l.load_data_fashion_mnist, dict(batch_size=32, resize=28)),
+        {'batch_size': 'count', 'resize': 'count or None'}, True),
+    Sweep('lenet_params', ALL, lambda d2l, fw: (d2l.lenet_params, dict(seed=0)),
+          {'seed': 'count0'}, True),
+    Sweep('shard_sizes', ALL, lambda d2l, fw: (d2l.shard_sizes, dict(n=10, k=3)),
+          {'n': 'count0', 'k': 'count'}, True),
+    Sweep('train_batch', ALL, lambda d2l, fw: (
+        d2l.train_batch, lenet_step_args(d2l, fw)), {'lr': 'rate'}, True),
+    Sweep('resnet18', ALL, lambda d2l, fw: (d2l.resnet18, dict(
+        num_classes=10, in_channels=1)),
+        {'num_classes': 'count', 'in_channels': 'count'}, True),
+    Sweep('cosine_lr', ALL, lambda d2l, fw: (d2l.cosine_lr, dict(
+        lr=0.1, epoch=1, num_epochs=3)),
+        {'lr': 'rate', 'epoch': 'count0', 'num_epochs': 'count'}, True),
+    Sweep('set_learning_rate', ALL, lambda d2l, fw: (
+        d2l.set_learning_rate, dict(optimizer=an_optimizer(fw), lr=0.1)),
+        {'lr': 'rate'}, True),
+    Sweep('balanced_subset', ALL, lambda d2l, fw: (d2l.balanced_subset, dict(
+        labels=np.arange(10) % 2, per_class=2)), {'per_class': 'count'}, True),
+    Sweep('check_stage', ALL, lambda d2l, fw: (d2l.check_stage, dict(stage=1)),
+          {'stage': 'count0'}, True),
+    Sweep('zero_step', ALL, lambda d2l, fw: (
+        d2l.zero_step, zero_step_args(d2l, fw)),
+        {'stage': 'count0', 'lr': 'rate', 'momentum': 'momentum'}, True),
+    Sweep('ring_allreduce_time', ALL, lambda d2l, fw: (
+        d2l.ring_allreduce_time, cost_args()),
+        {'num_bytes': 'real', 'k': 'count', 'alpha': 'real', 'beta': 'real'},
+        True),
+    Sweep('naive_allreduce_time', ALL, lambda d2l, fw: (
+        d2l.naive_allreduce_time, cost_args()),
+        {'num_bytes': 'real', 'k': 'count', 'alpha': 'real', 'beta': 'real'},
+        True),
+    Sweep('ddp_buckets', ALL, lambda d2l, fw: (d2l.ddp_buckets, dict(
+        num_bytes=4e7, bucket_cap_mb=25, first_bucket_mb=1)),
+        {'num_bytes': 'real', 'bucket_cap_mb': 'real',
+         'first_bucket_mb': 'real'}, True),
+    Sweep('predict_step_time', ALL, lambda d2l, fw: (
+        d2l.predict_step_time, dict(cost_args(), t_compute=0.1, cores=2,
+                                    threads=1, accumulate=1, overlap=0.5)),
+        {'t_compute': 'real', 'num_bytes': 'real', 'k': 'count',
+         'alpha': 'real', 'beta': 'real', 'cores': 'count or None',
+         'threads': 'count', 'accumulate': 'count', 'overlap': 'fraction'},
+        True),
+    Sweep('local_batch_size', MULTI, lambda d2l, fw: (
+        d2l.local_batch_size, dict(batch_size=32, world_size=2)),
+        {'batch_size': 'count', 'world_size': 'count'}, True),
+    Sweep('shard_of_batch', MULTI, lambda d2l, fw: (d2l.shard_of_batch, dict(
+        X=images(fw, 8), y=labels(fw, range(8)), step=1, rank=1, world_size=2,
+        batch_size=2)),
+        {'step': 'count0', 'rank': 'count0', 'world_size': 'count',
+         'batch_size': 'count'}, True),
+    Sweep('sgd_on_shards', MULTI, lambda d2l, fw: (
+        d2l.sgd_on_shards, small_net_args(d2l)),
+        {'num_steps': 'count0', 'batch_size': 'count', 'rank': 'count0',
+         'world_size': 'count'}, True),
+    Sweep('sgd_steps_one_process', MULTI, lambda d2l, fw: (
+        d2l.sgd_steps_one_process, dict(num_steps=1, batch_size=4, lr=0.1)),
+        {'num_steps': 'count0', 'batch_size': 'count', 'lr': 'rate'}, True),
+    Sweep('train_ddp', MULTI, lambda d2l, fw: (d2l.train_ddp, dict(
+        rank=0, world_size=1, init_method='env://', num_epochs=1,
+        batch_size=32, lr=0.1)),
+        {'num_epochs': 'count', 'batch_size': 'count', 'lr': 'rate',
+         'world_size': 'count', 'rank': 'count0'}, False),
+    Sweep('process_group', MULTI, lambda d2l, fw: (d2l.process_group, dict(
+        rank=0, world_size=1, timeout_s=60)),
+        {'rank': 'count0', 'world_size': 'count', 'timeout_s': 'real'}, False),
+    Sweep('spawn_ranks', MULTI, lambda d2l, fw: (
+        d2l.spawn_ranks, dict(worker=d2l.local_batch_size, world_size=1)),
+        {'world_size': 'count'}, False),
+    Sweep('timing_batch', ('pytorch', 'paddle'), lambda d2l, fw: (
+        d2l.timing_batch, dict(global_batch=4)), {'global_batch': 'count'},
+        True),
+    Sweep('time_data_parallel', ('pytorch',), lambda d2l, fw: (
+        d2l.time_data_parallel, dict(num_devices=1, global_batch=2,
+                                     num_steps=1, warmup=0)),
+        {'num_devices': 'count', 'global_batch': 'count', 'num_steps': 'count',
+         'warmup': 'count0'}, True),
+    Sweep('time_ddp', ('pytorch',), lambda d2l, fw: (d2l.time_ddp, dict(
+        world_size=1, global_batch=2, num_steps=1, warmup=0)),
+        {'world_size': 'count', 'global_batch': 'count', 'num_steps': 'count',
+         'warmup': 'count0'}, False),
+    Sweep('time_all_reduce', MULTI, lambda d2l, fw: (d2l.time_all_reduce, dict(
+        world_size=2, sizes=[4096], reps=1, calls=1)),
+        {'world_size': 'count', 'reps': 'count', 'calls': 'count'}, False),
+    Sweep('train_concise_spawn', ('paddle',), lambda d2l, fw: (
+        d2l.train_concise_spawn, dict(
+            net_fn=d2l.count_trainable_params, devices=d2l.try_gpus(1),
+            batch_size=8, lr=0.1, num_epochs=1)),
+        {'batch_size': 'count', 'lr': 'rate', 'num_epochs': 'count'}, False),
+]
+
+SWEEP_CASES = [(row, param, bad) for row in SWEEP for param, kind in
+               row.kinds.items() for bad in BAD[kind]]
+
+
+def _sweep_id(case):
+    row, param, bad = case
+    return f'{row.function}:{param}={bad!r}'
+
+
+def _sweep_module(framework, row):
+    if framework not in row.frameworks:
+        pytest.skip(f'{row.function} exists in {", ".join(row.frameworks)}')
+    import importlib
+    return importlib.import_module(f'd2l.{MODULES[framework]}')
+
+
+@pytest.mark.parametrize('case', SWEEP_CASES,
+                         ids=[_sweep_id(c) for c in SWEEP_CASES])
+def test_a_number_no_caller_means_is_refused_by_name(framework, case, quick):
+    row, param, bad = case
+    d2l = _sweep_module(framework, row)
+    function, kwargs = row.build(d2l, framework)
+    kwargs[param] = bad
+    with pytest.raises(ValueError) as info:
+        result = function(**kwargs)
+        if hasattr(result, '__enter__'):  # process_group: checks on entry
+            with result:
+                pass
+    assert re.search(rf'\b{param}\b', str(info.value)), str(info.value)
+
+
+NUMPY_CASES = [(row, param) for row in SWEEP if row.cheap
+               for param in row.kinds]
+
+
+@pytest.mark.parametrize('case', NUMPY_CASES,
+                         ids=[f'{r.function}:{p}' for r, p in NUMPY_CASES])
+def test_numpy_scalars_count_as_numbers(framework, case, quick):
+    row, param = case
+    d2l = _sweep_module(framework, row)
+    function, kwargs = row.build(d2l, framework)
+    value = kwargs[param]
+    kwargs[param] = (np.int64(value) if isinstance(value, int)
+                     else np.float64(value))
+    function(**kwargs)  # no error
+
+
+# ---------------------------------------------------------------- diverged training stops
+
+def set_to_inf(fw, tensor):
+    """Overwrite `tensor` in place with infinities."""
+    if fw == 'pytorch':
+        import torch
+        with torch.no_grad():
+            tensor.fill_(float('inf'))
+    elif fw == 'mxnet':
+        tensor[:] = float('inf')
+    else:
+        tensor.set_value(np.full(tensor.shape, np.inf, 'float32'))
+
+
+def poisoned(fw, net):
+    """`net` with the bias of its output layer set to infinity: its loss is nan.
+
+    (Infinite scores give a nan cross-entropy in every framework; a nan
+    weight would not do: PaddlePaddle's ReLU turns nan into 0.)"""
+    params = (list(net.collect_params().values()) if fw == 'mxnet'
+              else list(net.parameters()))
+    set_to_inf(fw, params[-1].data() if fw == 'mxnet' else params[-1])
+    return net
+
+
+def a_concise_model(fw, devices):
+    """A linear classifier of 28x28 images, its loss and its optimizer."""
+    if fw == 'pytorch':
+        import torch
+        net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 10))
+        return (net, torch.nn.CrossEntropyLoss(),
+                torch.optim.SGD(net.parameters(), lr=0.1))
+    if fw == 'mxnet':
+        import mxnet as mx
+        net = mx.gluon.nn.Dense(10, in_units=784)
+        net.initialize(ctx=devices)
+        return (net, mx.gluon.loss.SoftmaxCrossEntropyLoss(),
+                mx.gluon.Trainer(net.collect_params(), 'sgd',
+                                 {'learning_rate': 0.1}))
+    import paddle
+    net = paddle.nn.Sequential(paddle.nn.Flatten(), paddle.nn.Linear(784, 10))
+    return (net, paddle.nn.CrossEntropyLoss(),
+            paddle.optimizer.SGD(learning_rate=0.1,
+                                 parameters=net.parameters()))
+
+
+def test_a_from_scratch_step_whose_loss_is_nan_stops_the_run(framework, d2l):
+    args = lenet_step_args(d2l, framework)
+    set_to_inf(framework, args['device_params'][0][-1])  # the output bias
+    with pytest.raises(FloatingPointError, match='became nan at this step'):
+        d2l.train_batch(**args)
+
+
+def test_a_concise_epoch_whose_loss_is_nan_names_the_step(framework, d2l):
+    devices = d2l.try_gpus(1)
+    net, loss, optimizer = a_concise_model(framework, devices)
+    batch = (images(framework), labels(framework, [0, 1, 2, 3]))
+    d2l.train_epoch_concise(net, [batch], loss, optimizer, devices)
+    poisoned(framework, net)
+    with pytest.raises(FloatingPointError, match='step 1 of this epoch') as e:
+        d2l.train_epoch_concise(net, [batch], loss, optimizer, devices)
+    assert 'smaller learning rate' in str(e.value)
+
+
+@pytest.mark.parametrize('framework', MULTI, indirect=True)
+def test_ddp_steps_with_a_nan_loss_stop_at_the_first_step(framework, d2l,
+                                                         quick):
+    net = poisoned(framework, d2l._small_mlp(seed=0))
+    with pytest.raises(FloatingPointError, match='became nan at step 1'):
+        d2l.sgd_on_shards(net, d2l._sgd(net, 0.1), 0, 1, 3, 4, 'cpu')
+
+
+@pytest.mark.parametrize('framework', MULTI, indirect=True)
+def test_a_ddp_epoch_with_a_nan_loss_names_epoch_and_step(framework, d2l,
+                                                         quick):
+    net = poisoned(framework, d2l.resnet18(10))
+    batch = (images(framework, 2), labels(framework, [0, 1]))
+    with pytest.raises(FloatingPointError, match='epoch 3, step 1'):
+        d2l._ddp_epoch(net, d2l._sgd(net, 0.1), [batch], 'cpu', 1, 2)
+
+
+@pytest.mark.parametrize('framework', MULTI, indirect=True)
+def test_a_summary_of_no_epochs_is_refused(framework, d2l):
+    summary = {'rank': 0, 'world_size': 1, 'device': 'cpu', 'data': '',
+               'backend': 'gloo', 'train_loss': [], 'epoch_s': [],
+               'test_acc': 0.1}
+    with pytest.raises(ValueError, match='num_epochs of at least 1'):
+        d2l.describe_ddp_run(summary)
+
+
+# ---------------------------------------------------------------- the loader's folders
+
+@pytest.fixture
+def no_data_anywhere(d2l, tmp_path, monkeypatch):
+    """No Fashion-MNIST file in any folder the loader searches, and no mirror."""
+    monkeypatch.setattr(d2l, 'FASHION_MNIST_SYSTEM_DIR', str(tmp_path / 'sys'))
+    monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path / 'cache'))
+    monkeypatch.setenv('D2L_FASHION_MNIST_MIRROR', 'http://127.0.0.1:9/')
+    monkeypatch.delenv('D2L_DATA_DIR', raising=False)
+    return tmp_path
+
+
+def test_a_data_folder_that_cannot_be_made_gets_the_data_error(
+        d2l, no_data_anywhere, monkeypatch):
+    blocker = no_data_anywhere / 'a-file'
+    blocker.write_text('not a folder')
+    monkeypatch.setenv('D2L_DATA_DIR', str(blocker / 'fashion-mnist'))
+    with pytest.raises(d2l.DatasetError) as info:
+        d2l.read_idx_file('t10k-labels-idx1-ubyte')
+    message = str(info.value)
+    assert str(blocker / 'fashion-mnist') in message
+    assert 'D2L_DATA_DIR' in message and 'dataset-fashion-mnist' in message
+
+
+def test_a_read_only_data_folder_gets_the_data_error(tmp_path):
+    """D2L_DATA_DIR on a read-only file system (a mount namespace of its own)."""
+    import shutil
+    import subprocess
+    import sys
+    if not shutil.which('unshare'):
+        pytest.skip('needs unshare(1) to mount a read-only file system')
+    folder = tmp_path / 'read-only'
+    folder.mkdir()
+    script = (
+        'from d2l import torch as d2l\n'
+        f'd2l.FASHION_MNIST_SYSTEM_DIR = {str(tmp_path / "sys")!r}\n'
+        'try:\n'
+        "    d2l.read_idx_file('t10k-labels-idx1-ubyte')\n"
+        'except d2l.DatasetError as err:\n'
+        "    print('DatasetError:', err)\n")
+    env = dict(os.environ, D2L_DATA_DIR=str(folder),
+               XDG_CACHE_HOME=str(tmp_path / 'cache'),
+               D2L_FASHION_MNIST_MIRROR='http://127.0.0.1:9/')
+    probe = subprocess.run(['unshare', '-m', 'sh', '-c',
+                            f'mount -t tmpfs -o ro tmpfs {folder}'],
+                           capture_output=True)
+    if probe.returncode:
+        pytest.skip(f'cannot mount here: {probe.stderr.decode().strip()}')
+    run = subprocess.run(
+        ['unshare', '-m', 'sh', '-c', f'mount -t tmpfs -o ro tmpfs {folder} '
+         f'&& exec "$0" -c "$1"', sys.executable, script],
+        capture_output=True, text=True, env=env, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert 'DatasetError:' in run.stdout, run.stdout + run.stderr[-2000:]
+    assert str(folder) in run.stdout and 'Read-only file system' in run.stdout
+
+
+def test_a_stalled_download_elsewhere_is_given_up_after_the_stated_time(
+        d2l, no_data_anywhere, monkeypatch, capfd):
+    import fcntl
+    import threading
+    name = 't10k-labels-idx1-ubyte'
+    target = no_data_anywhere / 'cache' / 'd2l' / 'fashion-mnist'
+    target.mkdir(parents=True)
+    monkeypatch.setattr(d2l, 'DOWNLOAD_WAIT_S', 1)
+    outcome = []
+
+    def load():
+        try:
+            d2l.read_idx_file(name)
+        except Exception as err:
+            outcome.append(err)
+
+    with open(target / f'{name}.gz.lock', 'a') as held:  # the stalled download
+        fcntl.flock(held, fcntl.LOCK_EX)
+        waiter = threading.Thread(target=load, daemon=True)
+        waiter.start()
+        waiter.join(30)
+        stalled = waiter.is_alive()
+    waiter.join(30)  # released: without the deadline it would go on now
+    assert not stalled, 'the loader waited without a deadline'
+    assert isinstance(outcome[0], d2l.DatasetError), outcome
+    assert 'for 1 s' in str(outcome[0]) and 'D2L_DATA_DIR' in str(outcome[0])
+    assert 'Waiting for another process to download' in capfd.readouterr().err
+
+
+def test_a_subset_larger_than_the_data_is_refused(d2l, monkeypatch):
+    monkeypatch.setenv('D2L_SUBSET', '999999,1')
+    with pytest.raises(ValueError, match='has 6000; ask for at most'):
+        d2l.fashion_mnist_arrays('train', False)

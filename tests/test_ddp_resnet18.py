@@ -105,7 +105,7 @@ def test_each_epoch_of_train_ddp_starts_at_its_cosine_learning_rate(ddp, framewo
     rates = run_scenario(framework, f"""
         os.environ.update(PADDLE_TRAINER_ID='0', PADDLE_TRAINERS_NUM='1')
         seen = []
-        def probe(net, optimizer, train_iter, device, world_size):
+        def probe(net, optimizer, train_iter, device, world_size, epoch):
             seen.append(optimizer.param_groups[0]['lr']
                         if hasattr(optimizer, 'param_groups')
                         else optimizer.get_lr())

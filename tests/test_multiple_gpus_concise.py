@@ -413,7 +413,7 @@ def test_paddle_evaluation_runs_each_copy_under_its_device_guard(monkeypatch):
                                     'by 2 processes'),
     ({'batch_size': 0}, ValueError, 'batch_size must be a positive integer'),
     ({'num_epochs': 0}, ValueError, 'num_epochs must be a positive integer'),
-    ({'lr': -0.1}, ValueError, 'lr must be a positive number')])
+    ({'lr': -0.1}, ValueError, 'lr must be a finite non-negative number')])
 def test_paddle_spawn_rejects_bad_arguments_before_starting(bad, error,
                                                             message):
     import functools
