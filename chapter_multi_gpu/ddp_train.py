@@ -9,12 +9,16 @@ MASTER_PORT in every process; see the section on processes and process
 groups for the multi-machine command line.
 """
 import argparse
+import os
 import pathlib
 import sys
 
 # The book's own d2l package lives one folder above this script, both in the
 # repository and in the folder of downloaded notebooks.
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+# Keep PyTorch's C++ warnings, with a stack dump for each retry of the
+# rendezvous, out of the output; errors still show.
+os.environ.setdefault('TORCH_CPP_LOG_LEVEL', 'ERROR')
 from d2l import torch as d2l  # noqa: E402
 
 
@@ -24,11 +28,19 @@ def main():
     parser.add_argument('--batch-size', type=int, default=512,
                         help='global minibatch, shared by all processes')
     parser.add_argument('--lr', type=float, default=0.2)
+    parser.add_argument('--timeout', type=float, default=300,
+                        help='seconds to wait for the other processes, at '
+                             'the rendezvous and at each exchange '
+                             '(default: %(default)g)')
     args = parser.parse_args()
+    if not 0 < args.timeout < float('inf'):
+        parser.error(f'--timeout must be a positive number of seconds, '
+                     f'got {args.timeout}')
     rank, world_size, local_rank, local_world_size = d2l.launcher_ranks()
-    summary = d2l.train_ddp(rank, world_size, 'env://', args.epochs,
-                            args.batch_size, args.lr, local_rank,
-                            local_world_size)
+    with d2l.launcher_deadline(rank, world_size, args.timeout):
+        summary = d2l.train_ddp(rank, world_size, 'env://', args.epochs,
+                                args.batch_size, args.lr, local_rank,
+                                local_world_size)
     if rank == 0:
         print(d2l.describe_ddp_run(summary), flush=True)
 

@@ -24,11 +24,20 @@ def main():
     parser.add_argument('--batch-size', type=int, default=512,
                         help='global minibatch, shared by all processes')
     parser.add_argument('--lr', type=float, default=0.2)
+    parser.add_argument('--timeout', type=float, default=300,
+                        help='seconds to wait for the other processes at '
+                             'the rendezvous (on GPUs also at each exchange; '
+                             "PaddlePaddle's Gloo has no timeout) "
+                             '(default: %(default)g)')
     args = parser.parse_args()
+    if not 0 < args.timeout < float('inf'):
+        parser.error(f'--timeout must be a positive number of seconds, '
+                     f'got {args.timeout}')
     rank, world_size, local_rank, local_world_size = d2l.launcher_ranks()
-    summary = d2l.train_ddp(rank, world_size, 'env://', args.epochs,
-                            args.batch_size, args.lr, local_rank,
-                            local_world_size)
+    with d2l.launcher_deadline(rank, world_size, args.timeout):
+        summary = d2l.train_ddp(rank, world_size, 'env://', args.epochs,
+                                args.batch_size, args.lr, local_rank,
+                                local_world_size)
     if rank == 0:
         print(d2l.describe_ddp_run(summary), flush=True)
 

@@ -238,7 +238,7 @@ def load_data_fashion_mnist(batch_size, resize=None):
     """Fashion-MNIST as (train, test) DataLoaders of (images, labels) minibatches.
 
     Defined in :numref:`sec_helpers`"""
-    size = _check_loader_args(batch_size, resize)
+    batch_size, size = _check_loader_args(batch_size, resize)
     quick = quick_mode(num_gpus())
     loaders, sizes = [], []
     for split in ('train', 'test'):
@@ -299,8 +299,7 @@ def _is_count(value, least=0):
     """Whether `value` is an integer (not a bool) of at least `least`.
 
     Defined in :numref:`sec_multi_gpu`"""
-    return (not isinstance(value, bool) and hasattr(value, '__index__')
-            and value >= least)
+    return d2l._is_int(value) and value >= least
 
 def _check_seed(seed):
     """Raise ValueError, saying what to pass, unless `seed` is a non-negative integer.
@@ -515,6 +514,7 @@ def train_batch(X, y, device_params, devices, lr, allreduce_fn=allreduce):
     for W, device in zip(device_params, devices):
         with _on(device):  # equal gradients keep the replicas equal
             d2l.sgd(W, lr, X.shape[0])
+    d2l._check_loss(losses, 'this step')  # stop if training diverged
 
 def evaluate_accuracy_replicas(device_params, data_iter, devices):
     """LeNet's accuracy on `data_iter`, each minibatch split over the replicas' devices.
@@ -569,7 +569,7 @@ def _check_resnet_args(num_classes, in_channels):
 
     Defined in :numref:`sec_multi_gpu_concise`"""
     for name, value in (('num_classes', num_classes), ('in_channels', in_channels)):
-        d2l._require(isinstance(value, int) and d2l._is_count(value, 1),
+        d2l._require(d2l._is_count(value, 1),
                      f'{name} must be a positive integer, got {value!r}')
 
 def _check_devices(devices):
@@ -676,12 +676,13 @@ def train_epoch_concise(net, train_iter, loss, optimizer, devices):
 
     Defined in :numref:`sec_multi_gpu_concise`"""
     d2l._check_devices(devices)
-    total, n = np.zeros((), ctx=devices[0]), 0
-    for X, y in d2l._batches(train_iter, 'train_iter'):
-        total += d2l.train_step_concise(net, X, y, loss, optimizer, devices)
+    total, n = 0.0, 0
+    for step, (X, y) in enumerate(d2l._batches(train_iter, 'train_iter')):
+        l = d2l.train_step_concise(net, X, y, loss, optimizer, devices)
+        total += d2l._check_loss(l, f'step {step + 1} of this epoch')
         n += X.shape[0]
     d2l._check_examples(n, 'train_iter')
-    return float(total.item()), n
+    return total, n
 
 def cosine_lr(lr, epoch, num_epochs):
     """Learning rate of epoch `epoch` (the first is 0), falling from `lr` along half a cosine.
@@ -691,12 +692,14 @@ def cosine_lr(lr, epoch, num_epochs):
                  and epoch < num_epochs, f'epoch must be an integer in '
                  f'[0, num_epochs) and num_epochs a positive integer, got '
                  f'epoch={epoch!r}, num_epochs={num_epochs!r}')
+    d2l._check_rate(lr, 'lr')
     return lr * (1 + math.cos(math.pi * epoch / num_epochs)) / 2
 
 def set_learning_rate(optimizer, lr):
     """Give a Gluon Trainer the learning rate `lr`.
 
     Defined in :numref:`sec_multi_gpu_concise`"""
+    d2l._check_rate(lr, 'lr')
     optimizer.set_learning_rate(lr)
 
 import math
@@ -792,8 +795,7 @@ def check_stage(stage):
     """Reject a ZeRO stage other than 0 (plain data parallelism), 1, 2 or 3.
 
     Defined in :numref:`sec_sharded_data_parallel`"""
-    if isinstance(stage, bool) or not isinstance(stage, int) \
-            or not 0 <= stage <= 3:
+    if not d2l._is_int(stage) or not 0 <= stage <= 3:
         raise ValueError(f'stage must be 0 (plain data parallelism), 1, 2 '
                          f'or 3, got {stage!r}')
 
@@ -851,6 +853,8 @@ def zero_step(X, y, states, devices, stage, lr, momentum=0.9):
     Defined in :numref:`sec_sharded_data_parallel`"""
     check_stage(stage)
     _check_zero_states(states, devices, stage)
+    d2l._check_rate(lr, 'lr')
+    d2l._check_rate(momentum, 'momentum', below=1)
     X_shards, y_shards = split_batch(X, y, devices)
     fulls = [s['params'] for s in states]
     if stage == 3:  # gathered just before use ...
@@ -966,10 +970,10 @@ def _check_step_args(t_compute, cores, threads, accumulate, overlap):
     """Reject arguments of predict_step_time that are not positive, or an overlap outside [0, 1].
 
     Defined in :numref:`sec_cost_model`"""
-    for name, value in (('t_compute', t_compute), ('threads', threads),
-                        ('cores', 1 if cores is None else cores),
-                        ('accumulate', accumulate)):
-        _check_number(name, value, positive=True)
+    _check_number('t_compute', t_compute, positive=True)
+    for name, value in (('threads', threads), ('accumulate', accumulate),
+                        ('cores', 1 if cores is None else cores)):
+        _check_int(name, value, 1)
     _check_number('overlap (the hidden fraction of the allreduce)', overlap)
     if overlap > 1:
         raise ValueError(f'overlap must be at most 1, got {overlap!r}')
@@ -1070,26 +1074,44 @@ def predict_step_time(t_compute, num_bytes, k, alpha, beta, cores=None,
 import gzip
 import hashlib
 import http.client
+import math
+import numbers
 import os
 import sys
+import tempfile
+import time
 import urllib.error
 import urllib.request
 import mxnet as mx
 import numpy as onp
 from mxnet import np, npx
 
+def _is_int(value):
+    """Whether `value` is an integer of any type, NumPy's too, but no bool.
+
+    Defined in :numref:`sec_d2l_package`"""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+def _check_count(value, name, least=0):
+    """Reject `value` unless it is an integer of at least `least`, naming it.
+
+    Defined in :numref:`sec_d2l_package`"""
+    if not _is_int(value) or value < least:
+        kind = {0: 'a non-negative integer', 1: 'a positive integer'}.get(
+            least, f'an integer of at least {least}')
+        raise ValueError(f'{name} must be {kind}, got {value!r}')
+
 def _check_positive_int(value, name):
     """Reject `value` unless it is a positive integer, naming it as `name`.
 
     Defined in :numref:`sec_d2l_package`"""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f'{name} must be a positive integer, got {value!r}')
+    _check_count(value, name, 1)
 
 def _check_gpu_index(i):
     """Reject a GPU index that is not a non-negative integer, saying so.
 
     Defined in :numref:`sec_d2l_package`"""
-    if isinstance(i, bool) or not isinstance(i, int) or i < 0:
+    if not _is_int(i) or i < 0:
         raise ValueError(f'GPU index i must be a non-negative integer, got '
                          f'{i!r}')
 
@@ -1097,10 +1119,21 @@ def _check_num_devices(num_devices, name='num_devices'):
     """Reject a device count that is not a positive integer, saying so.
 
     Defined in :numref:`sec_d2l_package`"""
-    if isinstance(num_devices, bool) or not isinstance(num_devices, int) \
-            or num_devices < 1:
+    if not _is_int(num_devices) or num_devices < 1:
         raise ValueError(f'{name} must be a positive integer (the number of '
                          f'model copies), got {num_devices!r}')
+
+def _check_rate(value, name, below=None):
+    """Reject a rate that is not a finite number >= 0 (and < `below`).
+
+    Defined in :numref:`sec_d2l_package`"""
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) \
+        and math.isfinite(value) and value >= 0 and \
+        (below is None or value < below)
+    if not ok:
+        limit = '' if below is None else f' below {below}'
+        raise ValueError(f'{name} must be a finite non-negative number'
+                         f'{limit}, got {value!r}')
 
 def _device_name(device):
     """A short name for `device` and whether it is a GPU.
@@ -1177,12 +1210,9 @@ def _check_sgd(params, lr, batch_size):
     """Reject arguments of `sgd` that would corrupt the parameters, saying why.
 
     Defined in :numref:`sec_d2l_package`"""
-    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or \
-            not lr >= 0 or lr == float('inf'):
-        raise ValueError(f'lr must be a finite non-negative number, got '
-                         f'{lr!r}')
+    _check_rate(lr, 'lr')
     if isinstance(batch_size, bool) or not isinstance(
-            batch_size, (int, float)) or not batch_size > 0:
+            batch_size, numbers.Real) or not 0 < batch_size < math.inf:
         raise ValueError(f'batch_size must be a positive number (the '
                          f'examples the loss was summed over), got '
                          f'{batch_size!r}')
@@ -1193,6 +1223,19 @@ def _check_sgd(params, lr, batch_size):
                 f'params[{i}] has no gradient: compute the loss from it and '
                 f'call backward() before sgd (in MXNet, attach_grad() first)')
     return params
+
+def _check_loss(losses, where):
+    """The sum of `losses` as a float; FloatingPointError naming `where` if not finite.
+
+    Defined in :numref:`sec_d2l_package`"""
+    values = losses if isinstance(losses, (list, tuple)) else [losses]
+    total = sum(float(v.item() if hasattr(v, 'item') else v) for v in values)
+    if not math.isfinite(total):
+        raise FloatingPointError(
+            f'the training loss became {total} at {where}, so training '
+            f'diverged; try a smaller learning rate (or a warm-up), and check '
+            f'that the inputs hold no nan or inf')
+    return total
 
 def _points(x, y, curves):
     """The x and y values of one `Animator.add` call, one per curve.
@@ -1209,20 +1252,18 @@ def _points(x, y, curves):
     return xs, ys
 
 def _check_loader_args(batch_size, resize):
-    """Reject a batch size or resize target that cannot work, saying why.
+    """The batch size and (height, width) as ints, or an error saying why not.
 
     Defined in :numref:`sec_d2l_package`"""
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or \
-            batch_size < 1:
-        raise ValueError(
-            f'batch_size must be a positive integer, got {batch_size!r}')
+    _check_positive_int(batch_size, 'batch_size')
     if resize is None:
-        return None
-    size = (resize, resize) if isinstance(resize, int) else tuple(resize)
-    if len(size) != 2 or not all(isinstance(s, int) and s > 0 for s in size):
+        return int(batch_size), None
+    size = (resize, resize) if _is_int(resize) else resize
+    if not isinstance(size, (tuple, list)) or len(size) != 2 or \
+            not all(_is_int(s) and s > 0 for s in size):
         raise ValueError(f'resize must be a positive integer or a (height, '
                          f'width) pair of them, got {resize!r}')
-    return size
+    return int(batch_size), tuple(int(s) for s in size)
 
 def use_svg_display():
     """Make Jupyter render matplotlib figures as SVG.
@@ -1285,8 +1326,8 @@ def fashion_mnist_dirs():
 
 _SAID = set()
 
-def _say_once(message):
-    """Print `message` the first time this process has it to say, on rank 0 only.
+def _say_once(message, everywhere=False):
+    """Print `message` once per process: on rank 0 only, or on stderr `everywhere`.
 
     Defined in :numref:`sec_d2l_package`"""
     # Launchers give every process of a job its rank; a report from each of
@@ -1294,7 +1335,9 @@ def _say_once(message):
     rank = os.environ.get('RANK', os.environ.get('PADDLE_TRAINER_ID', '0'))
     if message not in _SAID:
         _SAID.add(message)
-        if rank.strip() in ('', '0'):
+        if everywhere:
+            print(message, file=sys.stderr)
+        elif rank.strip() in ('', '0'):
             print(message)
 
 def _unpack_and_check(path, name, raw):
@@ -1327,8 +1370,10 @@ def _find_idx_file(name, search):
                 return path
     return None
 
+DOWNLOAD_WAIT_S = 600  # how long to wait for another process's download
+
 class _FileLock:
-    """Hold an exclusive lock on `path`, so that one process at a time downloads."""
+    """Hold an exclusive lock on `path`; wait at most DOWNLOAD_WAIT_S for it."""
     def __init__(self, path):
         """Defined in :numref:`sec_d2l_package`"""
         self.path = path
@@ -1339,8 +1384,24 @@ class _FileLock:
             import fcntl
         except ImportError:  # Windows: no lock, but atomic renames keep files whole
             return self
-        fcntl.flock(self.file, fcntl.LOCK_EX)
-        return self
+        deadline = time.monotonic() + DOWNLOAD_WAIT_S
+        while True:
+            try:
+                fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return self
+            except BlockingIOError:
+                pass
+            if time.monotonic() > deadline:
+                self.file.close()
+                raise DatasetError(
+                    f'another process has held {self.path} for '
+                    f'{DOWNLOAD_WAIT_S} s without finishing its download; '
+                    f'stop it, or set D2L_DATA_DIR to a folder that holds '
+                    f'the four Fashion-MNIST files')
+            _say_once(f'Waiting for another process to download into '
+                      f'{os.path.dirname(self.path)} (at most '
+                      f'{DOWNLOAD_WAIT_S} s)', everywhere=True)
+            time.sleep(0.2)
 
     def __exit__(self, *exc):
         # Removing the file while holding it is safe: a process that wakes up
@@ -1350,6 +1411,23 @@ class _FileLock:
         except OSError:
             pass
         self.file.close()
+
+def _check_download_dir(name, target_dir):
+    """Create `target_dir` for downloading `name`, or say why it cannot be.
+
+    Defined in :numref:`sec_d2l_package`"""
+    try:
+        os.makedirs(target_dir, exist_ok=True)
+        tempfile.TemporaryFile(dir=target_dir).close()  # may we write there?
+    except OSError as err:
+        why = err.strerror or type(err).__name__
+        raise DatasetError(
+            f'Fashion-MNIST file {name} is in none of '
+            f'{", ".join(fashion_mnist_dirs()[0])}, and it cannot be '
+            f'downloaded into {target_dir} ({why}). Set D2L_DATA_DIR to a '
+            f'folder that holds the four files or that you may write to, or '
+            f'install them: sudo apt-get install dataset-fashion-mnist'
+        ) from None
 
 def _write_atomically(path, raw):
     """Write `raw` to `path` by renaming a finished temporary file.
@@ -1405,7 +1483,7 @@ def read_idx_file(name):
     search, target_dir = fashion_mnist_dirs()
     path = _find_idx_file(name, search)
     if path is None:
-        os.makedirs(target_dir, exist_ok=True)
+        _check_download_dir(name, target_dir)
         with _FileLock(os.path.join(target_dir, f'{name}.gz.lock')):
             # Another process may have downloaded it while we waited.
             path = _find_idx_file(name, search) or \
@@ -1462,6 +1540,13 @@ def fashion_mnist_arrays(split, quick):
         _FASHION_MNIST_CACHE[split] = images, labels
     images, labels = _FASHION_MNIST_CACHE[split]
     per_class = QUICK_PER_CLASS if quick else subset_per_class()
+    fewest = min(int((labels == c).sum()) for c in range(10)) \
+        if per_class and not quick else None
+    if fewest is not None and per_class[split] > fewest:
+        raise ValueError(
+            f'D2L_SUBSET asks for {per_class[split]} {split} images per '
+            f'class, but the {split} split has {fewest}; ask for at most '
+            f'that many, or unset D2L_SUBSET for all of them')
     if per_class:
         keep = balanced_subset(labels, per_class[split])
         images, labels = images[keep], labels[keep]

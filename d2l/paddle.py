@@ -242,7 +242,7 @@ def load_data_fashion_mnist(batch_size, resize=None):
     """Fashion-MNIST as (train, test) DataLoaders of (images, labels) minibatches.
 
     Defined in :numref:`sec_helpers`"""
-    size = _check_loader_args(batch_size, resize)
+    batch_size, size = _check_loader_args(batch_size, resize)
     quick = quick_mode(num_gpus())
     loaders, sizes = [], []
     for split in ('train', 'test'):
@@ -308,8 +308,7 @@ def _is_count(value, least=0):
     """Whether `value` is an integer (not a bool) of at least `least`.
 
     Defined in :numref:`sec_multi_gpu`"""
-    return (not isinstance(value, bool) and hasattr(value, '__index__')
-            and value >= least)
+    return d2l._is_int(value) and value >= least
 
 def _check_seed(seed):
     """Raise ValueError, saying what to pass, unless `seed` is a non-negative integer.
@@ -521,6 +520,7 @@ def train_batch(X, y, device_params, devices, lr, allreduce_fn=allreduce):
     for W, device in zip(device_params, devices):
         with _on(device):  # equal gradients keep the replicas equal
             d2l.sgd(W, lr, X.shape[0])
+    d2l._check_loss(losses, 'this step')  # stop if training diverged
 
 def evaluate_accuracy_replicas(device_params, data_iter, devices):
     """LeNet's accuracy on `data_iter`, each minibatch split over the replicas' devices.
@@ -583,7 +583,7 @@ def _check_resnet_args(num_classes, in_channels):
 
     Defined in :numref:`sec_multi_gpu_concise`"""
     for name, value in (('num_classes', num_classes), ('in_channels', in_channels)):
-        d2l._require(isinstance(value, int) and d2l._is_count(value, 1),
+        d2l._require(d2l._is_count(value, 1),
                      f'{name} must be a positive integer, got {value!r}')
 
 def _check_devices(devices):
@@ -723,13 +723,13 @@ def train_epoch_concise(net, train_iter, loss, optimizer, devices):
     Defined in :numref:`sec_multi_gpu_concise`"""
     d2l._check_devices(devices)
     net.train()
-    total, n = 0, 0  # total becomes a tensor on the device at the first step
-    for X, y in d2l._batches(train_iter, 'train_iter'):
-        total = total + d2l.train_step_concise(net, X, y, loss, optimizer,
-                                               devices)
+    total, n = 0.0, 0
+    for step, (X, y) in enumerate(d2l._batches(train_iter, 'train_iter')):
+        l = d2l.train_step_concise(net, X, y, loss, optimizer, devices)
+        total += d2l._check_loss(l, f'step {step + 1} of this epoch')
         n += X.shape[0]
     d2l._check_examples(n, 'train_iter')
-    return float(total), n
+    return total, n
 
 def _train_concise_worker(net_fn, seed, num_epochs, batch_size, lr, folder):
     """Body of each process of train_concise_spawn; returns its record.
@@ -807,13 +807,12 @@ def _check_spawn_args(net_fn, devices, batch_size, lr, num_epochs):
                         'functools.partial(d2l.resnet18, 10)')
     d2l._check_devices(devices)
     for name, value in (('batch_size', batch_size), ('num_epochs', num_epochs)):
-        d2l._require(isinstance(value, int) and d2l._is_count(value, 1),
+        d2l._require(d2l._is_count(value, 1),
                      f'{name} must be a positive integer, got {value!r}')
     k = len(devices)
     d2l._require(batch_size % k == 0, f'batch_size {batch_size} cannot be shared '
                  f'equally by {k} processes; use a multiple of {k}')
-    d2l._require(not isinstance(lr, bool) and isinstance(lr, (int, float))
-                 and lr > 0, f'lr must be a positive number, got {lr!r}')
+    d2l._check_rate(lr, 'lr')
 
 def train_concise_spawn(net_fn, devices, batch_size, lr, num_epochs, seed=0):
     """Train net_fn() with one process per device under paddle.DataParallel; return (model, record).
@@ -852,19 +851,25 @@ def cosine_lr(lr, epoch, num_epochs):
                  and epoch < num_epochs, f'epoch must be an integer in '
                  f'[0, num_epochs) and num_epochs a positive integer, got '
                  f'epoch={epoch!r}, num_epochs={num_epochs!r}')
+    d2l._check_rate(lr, 'lr')
     return lr * (1 + math.cos(math.pi * epoch / num_epochs)) / 2
 
 def set_learning_rate(optimizer, lr):
     """Give a PaddlePaddle optimizer the learning rate `lr`.
 
     Defined in :numref:`sec_multi_gpu_concise`"""
+    d2l._check_rate(lr, 'lr')
     optimizer.set_lr(lr)
 
 import contextlib
+import ipaddress
 import logging
+import multiprocessing.connection
 import pickle
 import re
 import signal
+import socket
+import subprocess
 import tempfile
 import threading
 import traceback
@@ -877,23 +882,42 @@ def _check_rank(rank, world_size, what='rank'):
     """Reject a world size below 1 or a rank outside 0..world_size-1, naming the culprit.
 
     Defined in :numref:`sec_process_groups`"""
-    for name, value in (('world_size', world_size), (what, rank)):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f'{name} must be an int, got {value!r}')
+    size = what.replace('rank', 'world_size')  # local_rank: local_world_size
+    for name, value in ((size, world_size), (what, rank)):
+        if not _is_int(value):
+            raise ValueError(f'{name} must be an integer, got {value!r}')
     if world_size < 1:
-        raise ValueError(f'world_size must be at least 1, got {world_size}')
+        raise ValueError(f'{size} must be at least 1, got {world_size}')
     if not 0 <= rank < world_size:
-        raise ValueError(f'{what} must lie in 0..{world_size - 1} for a world '
-                         f'size of {world_size}, got {rank}')
+        raise ValueError(f'{what} must lie in 0..{world_size - 1} for a '
+                         f'{size} of {world_size}, got {rank}')
 
-def _check_timeout(timeout_s):
+def _int_from_env(name, least, default=None):
+    """The integer in environment variable `name`, at least `least`; `default` if unset.
+
+    Defined in :numref:`sec_process_groups`"""
+    text = os.environ.get(name)
+    if text is None:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or value < least:
+        raise ValueError(
+            f'environment variable {name}={text!r} must be an integer of at '
+            f'least {least}: unset it and start the script with the '
+            f"framework's launcher, which sets it")
+    return value
+
+def _check_timeout(timeout_s, name='timeout_s'):
     """Accept None or a positive number of seconds for a process group's timeout.
 
     Defined in :numref:`sec_process_groups`"""
     if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(
             timeout_s, (int, float)) or not 0 < timeout_s < float('inf')):
-        raise ValueError(f'timeout_s must be a positive number of seconds or '
-                         f'None (the backend default), got {timeout_s!r}')
+        raise ValueError(f'{name} must be a positive number of seconds or '
+                         f'None (no limit of ours), got {timeout_s!r}')
 
 def ddp_device(local_rank, local_world_size):
     """The GPU the launcher gave this process, else GPU `local_rank` if every local process gets one, else the CPU.
@@ -925,17 +949,13 @@ def process_group(rank, world_size, init_method='env://', timeout_s=None,
     _check_rank(rank, world_size)
     _check_timeout(timeout_s)
     _group_from_env(rank, world_size, init_method)
-    local_rank = int(os.environ.get('PADDLE_LOCAL_RANK', rank)) \
-        if local_rank is None else local_rank
-    local_world_size = int(os.environ.get('PADDLE_LOCAL_SIZE', world_size)) \
-        if local_world_size is None else local_world_size
+    if local_rank is None:
+        local_rank = _int_from_env('PADDLE_LOCAL_RANK', 0, rank)
+    if local_world_size is None:
+        local_world_size = _int_from_env('PADDLE_LOCAL_SIZE', 1, world_size)
     if device is None:
         device = ddp_device(local_rank, local_world_size)
-    if timeout_s is not None:
-        if ddp_backend(device) != 'nccl':
-            raise ValueError("timeout_s must be None on the CPU: PaddlePaddle's "
-                             'Gloo group has no timeout')
-        os.environ['PADDLE_PG_TIMEOUT'] = str(int(timeout_s * 1000))
+    _set_group_timeout(timeout_s, device)
     paddle.set_device(device)
     if ddp_backend(device) == 'gloo':  # the processes share the CPU's cores
         paddle.base.core.set_num_threads(
@@ -950,6 +970,23 @@ def process_group(rank, world_size, init_method='env://', timeout_s=None,
     if dist.is_initialized():  # unless the body has left the group itself
         dist.barrier()  # leave together: see the text
         dist.destroy_process_group()
+
+_launcher_timeout_s = None  # a launcher script's --timeout: launcher_deadline
+
+def _loopback_interface():
+    """Name of the network interface that carries this machine's loopback address.
+
+    Defined in :numref:`sec_process_groups`"""
+    return 'lo0' if sys.platform == 'darwin' else 'lo'
+
+def _is_loopback(host):
+    """Whether `host` names an address of this machine's loopback interface.
+
+    Defined in :numref:`sec_process_groups`"""
+    try:
+        return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
+    except (OSError, ValueError):
+        return False
 
 _rank_report_dir = None  # set in the processes that spawn_ranks starts
 
@@ -1026,6 +1063,9 @@ def _start_rank(rank, out_dir, parent_pid):
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
     if os.getppid() != parent_pid:  # the parent died before we asked
         os._exit(1)
+    beat = os.path.join(out_dir, f'rank{rank}.alive')
+    open(beat, 'w').close()
+    threading.Thread(target=_heartbeat, args=(beat,), daemon=True).start()
 
 def _finish_rank(rank, out_dir, result):
     """Store the result of a worker where spawn_ranks collects it.
@@ -1036,10 +1076,12 @@ def _finish_rank(rank, out_dir, result):
     os.replace(os.path.join(out_dir, f'rank{rank}.pkl.part'),
                os.path.join(out_dir, f'rank{rank}.pkl'))
 
-def _rank_failure(out_dir, world_size, spawn_error):
-    """The error to raise for a failed group: the first one a rank wrote, or a summary of how a rank died.
+def _rank_failure(out_dir, world_size, exit_codes):
+    """The error to raise for a failed group, given the ranks' exit codes.
 
     Defined in :numref:`sec_process_groups`"""
+    killed = [rank for rank, code in enumerate(exit_codes)
+              if code is not None and code < 0 and -code != signal.SIGABRT]
     written = []
     for rank in range(world_size):
         path = os.path.join(out_dir, f'rank{rank}.error')
@@ -1047,16 +1089,16 @@ def _rank_failure(out_dir, world_size, spawn_error):
             with open(path) as f:
                 when, trace = f.read().split('\n', 1)
             written.append((float(when), rank, trace))
-    if written:
+    if written and not killed:
         _, rank, trace = min(written)
         return RuntimeError(f'rank {rank} of {world_size} failed:\n{trace}')
-    said = str(spawn_error).strip() or type(spawn_error).__name__
-    found = re.search(r'process (\d+) terminated with (.*)', said, re.I)
-    if not found:
-        return RuntimeError(f'a rank failed: {said}')
-    rank = int(found.group(1))
-    message = (f'rank {rank} of {world_size} died '
-               f'({found.group(2).rstrip(".")}) without a Python error')
+    rank = killed[0] if killed else next(
+        r for r, code in enumerate(exit_codes) if code not in (None, 0))
+    code = exit_codes[rank]
+    how = (f'signal {signal.Signals(-code).name}' if code < 0
+           else f'exit code {code}')
+    message = (f'rank {rank} of {world_size} died ({how}) without a Python '
+               f'error')
     log = os.path.join(out_dir, f'rank{rank}.log')
     if os.path.exists(log):
         with open(log, errors='replace') as f:
@@ -1078,28 +1120,65 @@ def _stop_processes(processes, grace_s=3.0):
             process.kill()
             process.join()
 
-def _join_ranks(context, out_dir, world_size):
-    """Wait for the processes of spawn_ranks; on a failure, an interrupt or SIGTERM stop them all.
+def _join_ranks(context, out_dir, world_size, silence_s):
+    """Wait for the processes of spawn_ranks; on a failure, a silent rank, an interrupt or SIGTERM stop them all.
 
     Defined in :numref:`sec_process_groups`"""
     def on_sigterm(signum, frame):
         raise SystemExit(128 + signum)  # unwinds through the clean-up below
 
     in_main_thread = threading.current_thread() is threading.main_thread()
-    if in_main_thread:
-        previous = signal.signal(signal.SIGTERM, on_sigterm)
+    previous = in_main_thread and signal.signal(signal.SIGTERM, on_sigterm)
     try:
-        while not context.join(timeout=0.2):
-            pass
-    except Exception as err:  # a rank failed
+        codes = _wait_for_ranks(context.processes, out_dir, silence_s)
+    finally:  # KeyboardInterrupt, SystemExit from SIGTERM, a silent rank
         _stop_processes(context.processes)
-        raise _rank_failure(out_dir, world_size, err) from None
-    except BaseException:  # KeyboardInterrupt, or SystemExit from SIGTERM
-        _stop_processes(context.processes)
-        raise
-    finally:
         if in_main_thread:
             signal.signal(signal.SIGTERM, previous)
+    if codes is not None:
+        raise _rank_failure(out_dir, world_size, codes) from None
+
+def _heartbeat(path):
+    """Touch the file at `path` every second, as a sign of life for spawn_ranks.
+
+    Defined in :numref:`sec_process_groups`"""
+    while True:
+        os.utime(path)
+        time.sleep(1.0)
+
+def _wait_for_ranks(processes, out_dir, silence_s):
+    """Wait until all ranks end well (None) or one fails (their exit codes); raise if one falls silent.
+
+    Defined in :numref:`sec_process_groups`"""
+    seen, checked = {}, time.monotonic()  # rank: (heartbeat, when it changed)
+    while True:
+        codes = [process.exitcode for process in processes]
+        if all(code == 0 for code in codes):
+            return None
+        if any(code not in (None, 0) for code in codes):
+            # A peer's death may show a moment after the error it caused.
+            running = [p.sentinel for p in processes if p.exitcode is None]
+            if running:
+                multiprocessing.connection.wait(running, 0.5)
+            return [process.exitcode for process in processes]
+        now = time.monotonic()
+        if now - checked > 5:  # this process was stopped or suspended too
+            seen = {}
+        checked = now
+        for rank, code in enumerate(codes):
+            path = os.path.join(out_dir, f'rank{rank}.alive')
+            if code is not None or not os.path.exists(path):
+                continue  # ended well, or not started yet
+            beat = os.stat(path).st_mtime_ns
+            if seen.get(rank, (None,))[0] != beat:
+                seen[rank] = (beat, now)
+            elif silence_s and now - seen[rank][1] > silence_s:
+                raise RuntimeError(
+                    f'rank {rank} of {len(processes)} showed no sign of life '
+                    f'for {silence_s:g} s (stopped, or hung holding Python\'s '
+                    f'lock), so all ranks were stopped; if it needs longer, '
+                    f'pass a larger silence_s to spawn_ranks')
+        multiprocessing.connection.wait([p.sentinel for p in processes], 0.2)
 
 def _group_from_env(rank, world_size, init_method):
     """Check a rank and world size against the group that spawn or launch described in the environment.
@@ -1110,8 +1189,8 @@ def _group_from_env(rank, world_size, init_method):
             'no process group is described in the environment: run this code '
             'in a process started by d2l.spawn_ranks, paddle.distributed.spawn '
             'or python -m paddle.distributed.launch')
-    given = (int(os.environ['PADDLE_TRAINER_ID']),
-             int(os.environ['PADDLE_TRAINERS_NUM']))
+    given = (_int_from_env('PADDLE_TRAINER_ID', 0),
+             _int_from_env('PADDLE_TRAINERS_NUM', 1))
     if (rank, world_size) != given:
         raise ValueError(f'rank {rank} of world_size {world_size} does not '
                          f'match the environment, which says rank {given[0]} '
@@ -1120,6 +1199,21 @@ def _group_from_env(rank, world_size, init_method):
         raise ValueError(f"init_method must be 'env://' in PaddlePaddle, which "
                          f'reads the rendezvous from the environment; got '
                          f'{init_method!r}')
+    hosts = os.environ.get('PADDLE_TRAINER_ENDPOINTS', '').split(',')
+    if all(_is_loopback(host.rsplit(':', 1)[0]) for host in hosts):
+        os.environ['GLOO_SOCKET_IFNAME'] = _loopback_interface()
+
+def _set_group_timeout(timeout_s, device):
+    """Give an NCCL group `timeout_s` or a launcher's --timeout; refuse one for Gloo, which has none.
+
+    Defined in :numref:`sec_process_groups`"""
+    if timeout_s is None and ddp_backend(device) == 'nccl':
+        timeout_s = _launcher_timeout_s
+    if timeout_s is not None:
+        if ddp_backend(device) != 'nccl':
+            raise ValueError("timeout_s must be None on the CPU: PaddlePaddle's "
+                             'Gloo group has no timeout')
+        os.environ['PADDLE_PG_TIMEOUT'] = str(int(timeout_s * 1000))
 
 @contextlib.contextmanager
 def _quiet_paddle_children():
@@ -1142,12 +1236,13 @@ def _quiet_paddle_children():
             else:
                 os.environ[name] = value
 
-def spawn_ranks(worker, world_size, *args, backend=None):
+def spawn_ranks(worker, world_size, *args, silence_s=60.0, backend=None):
     """Run worker(rank, world_size, *args) in `world_size` new processes; return their results by rank.
 
     Defined in :numref:`sec_process_groups`"""
     _check_rank(0, world_size)
     _check_worker(worker, args)
+    _check_timeout(silence_s, 'silence_s')
     if backend is None:
         backend = ddp_backend(ddp_device(0, world_size))
     if backend not in ('gloo', 'nccl'):
@@ -1157,17 +1252,17 @@ def spawn_ranks(worker, world_size, *args, backend=None):
         context = dist.spawn(_run_rank, args=(worker, args, out_dir,
                                               os.getpid()),
                              nprocs=world_size, backend=backend, join=False)
-        _join_ranks(context, out_dir, world_size)
+        _join_ranks(context, out_dir, world_size, silence_s)
         return _collect_results(out_dir, world_size)
 
 def _run_rank(worker, args, out_dir, parent_pid):
     """Body of one process of spawn_ranks: run the worker, store its result or its error.
 
     Defined in :numref:`sec_process_groups`"""
-    rank = int(os.environ['PADDLE_TRAINER_ID'])  # set by spawn
+    rank = _int_from_env('PADDLE_TRAINER_ID', 0)  # set by spawn
     _start_rank(rank, out_dir, parent_pid)
     try:
-        result = worker(rank, int(os.environ['PADDLE_TRAINERS_NUM']), *args)
+        result = worker(rank, _int_from_env('PADDLE_TRAINERS_NUM', 1), *args)
     except BaseException:
         _record_rank_failure(rank)  # unless process_group already did
         raise
@@ -1195,11 +1290,69 @@ def launcher_ranks():
             f'{", ".join(missing)} not set: start this script with '
             f'python -m paddle.distributed.launch, for example with '
             f'--nproc_per_node 2 {sys.argv[0]}')
-    rank, world_size = (int(os.environ[name]) for name in names)
+    rank = _int_from_env('PADDLE_TRAINER_ID', 0)
+    world_size = _int_from_env('PADDLE_TRAINERS_NUM', 1)
     # spawn describes one machine and leaves the local numbers out
-    return (rank, world_size,
-            int(os.environ.get('PADDLE_LOCAL_RANK', rank)),
-            int(os.environ.get('PADDLE_LOCAL_SIZE', world_size)))
+    local_rank = _int_from_env('PADDLE_LOCAL_RANK', 0, rank)
+    local_world_size = _int_from_env('PADDLE_LOCAL_SIZE', 1, world_size)
+    _check_rank(rank, world_size)
+    _check_rank(local_rank, local_world_size, 'local_rank')
+    return rank, world_size, local_rank, local_world_size
+
+@contextlib.contextmanager
+def launcher_deadline(rank, world_size, timeout_s):
+    """Say what this rank waits for; give the body's groups `timeout_s`; end the process if none forms in time.
+
+    Defined in :numref:`sec_process_groups`"""
+    global _launcher_timeout_s
+    _check_rank(rank, world_size)
+    _check_timeout(timeout_s)
+    if timeout_s is None:
+        raise ValueError('timeout_s must be a number of seconds, not None')
+    where = _rendezvous_address()
+    deadline = time.localtime(time.time() + timeout_s)
+    until = time.strftime('%H:%M:%S %Z', deadline)
+    print(f'rank {rank} waits for all {world_size} ranks at {where} until '
+          f'{until} (timeout {timeout_s:g} s)', flush=True)
+    message = (f'rank {rank}: no group formed at {where} within {timeout_s:g}'
+               f' s; start all {world_size} ranks with this address, check '
+               f'that its port is reachable, or give a larger timeout')
+    watchdog = subprocess.Popen([sys.executable, '-c', _WATCHDOG, str(
+        os.getpid()), str(timeout_s), message], stdin=subprocess.PIPE)
+    done = threading.Event()
+    threading.Thread(target=_stand_down, args=(watchdog, done, world_size),
+                     daemon=True).start()
+    _launcher_timeout_s = timeout_s
+    try:
+        yield
+    finally:
+        done.set()
+        watchdog.wait()  # it ends when told to stand down
+        _launcher_timeout_s = None
+
+_WATCHDOG = (  # the program of launcher_deadline's watchdog process
+    'import os, select, signal, sys\n'
+    'pid, seconds = int(sys.argv[1]), float(sys.argv[2])\n'
+    'if not select.select([sys.stdin], [], [], seconds)[0]:  # no EOF\n'
+    '    print(sys.argv[3], file=sys.stderr, flush=True)\n'
+    '    os.kill(pid, signal.SIGKILL)\n')
+
+def _stand_down(watchdog, done, world_size):
+    """Tell `watchdog` to stand down once a process group has formed or `done` is set.
+
+    Defined in :numref:`sec_process_groups`"""
+    while world_size > 1 and not dist.is_initialized() and not done.wait(0.2):
+        pass
+    watchdog.stdin.close()  # end of its input: the watchdog exits quietly
+
+def _rendezvous_address():
+    """host:port of the rendezvous that PaddlePaddle will use, from the environment.
+
+    Defined in :numref:`sec_process_groups`"""
+    if os.environ.get('MASTER_ADDR') and os.environ.get('MASTER_PORT'):
+        return f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+    return (os.environ.get('PADDLE_MASTER') or os.environ.get(
+        'PADDLE_TRAINER_ENDPOINTS', '(unset)').split(',')[0])
 
 def ddp_script_path(framework=None):
     """Path of the book's launcher script for `framework` ('torch' or 'paddle'; default: this module's).
@@ -1253,6 +1406,8 @@ def _sgd(net, lr, momentum=0.0):
     """An SGD optimizer (with `momentum`) over the parameters of `net`.
 
     Defined in :numref:`sec_ddp`"""
+    d2l._check_rate(lr, 'lr')
+    d2l._check_rate(momentum, 'momentum', below=1)
     if momentum:
         return paddle.optimizer.Momentum(learning_rate=lr, momentum=momentum,
                                          parameters=net.parameters())
@@ -1262,6 +1417,9 @@ def shard_of_batch(X, y, step, rank, world_size, batch_size):
     """Rank `rank`'s `batch_size` examples of global minibatch `step`, wrapping around the data.
 
     Defined in :numref:`sec_ddp`"""
+    d2l._check_rank(rank, world_size)
+    d2l._check_count(step, 'step')
+    d2l._check_positive_int(batch_size, 'batch_size')
     start = (step * world_size + rank) * batch_size
     idx = np.arange(start, start + batch_size) % len(y)
     return X[idx], y[idx]
@@ -1271,6 +1429,7 @@ def sgd_on_shards(net, optimizer, rank, world_size, num_steps, batch_size,
     """Take `num_steps` optimizer steps, rank `rank` training on its shard of each global minibatch.
 
     Defined in :numref:`sec_ddp`"""
+    d2l._check_count(num_steps, 'num_steps')
     X, y = fashion_mnist_tensors('train')
     for step in range(num_steps):
         X_shard, y_shard = shard_of_batch(X, y, step, rank, world_size,
@@ -1280,6 +1439,7 @@ def sgd_on_shards(net, optimizer, rank, world_size, num_steps, batch_size,
         optimizer.zero_grad()
         loss.backward()  # a wrapped model averages the gradients over ranks here
         optimizer.step()
+        d2l._check_loss(loss, f'step {step + 1}')
 
 def ddp_sgd_steps(rank, world_size, init_method, num_steps, batch_size, lr):
     """Multi-process worker: `num_steps` of SGD on `_small_mlp`, `batch_size` examples per rank; returns the parameters.
@@ -1382,6 +1542,8 @@ def local_batch_size(batch_size, world_size):
     """Each process's share of a global minibatch of `batch_size`, which must split evenly.
 
     Defined in :numref:`sec_ddp_resnet`"""
+    d2l._check_positive_int(batch_size, 'batch_size')
+    d2l._check_positive_int(world_size, 'world_size')
     if batch_size < world_size or batch_size % world_size:
         below = max(world_size, batch_size - batch_size % world_size)
         raise ValueError(
@@ -1433,20 +1595,21 @@ def evaluate_accuracy_ddp(net, device, rank, world_size, batch_size=256):
     correct, n = _sum_over_ranks([correct, len(y)], device, world_size)
     return correct / n
 
-def _ddp_epoch(net, optimizer, train_iter, device, world_size):
+def _ddp_epoch(net, optimizer, train_iter, device, world_size, epoch):
     """One epoch on this rank's shards; return the mean training loss over all ranks.
 
     Defined in :numref:`sec_ddp_resnet`"""
     net.train()
     loss_sum, n = 0.0, 0
-    for X, y in train_iter:
+    for step, (X, y) in enumerate(train_iter):
         loss = F.cross_entropy(net(X.to(device)), y.to(device))
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        loss_sum += loss.detach() * len(y)  # no wait for the device here
+        where = f'epoch {epoch + 1}, step {step + 1}'
+        loss_sum += d2l._check_loss(loss, where) * len(y)  # stops if diverged
         n += len(y)
-    loss_sum, n = _sum_over_ranks([loss_sum.item(), n], device, world_size)
+    loss_sum, n = _sum_over_ranks([loss_sum, n], device, world_size)
     return loss_sum / n
 
 def _batch_norm_statistics_demo(rank, world_size, init_method, num_steps):
@@ -1470,6 +1633,8 @@ def train_ddp(rank, world_size, init_method, num_epochs, batch_size, lr,
     """Train d2l.resnet18 on Fashion-MNIST with DDP at global batch `batch_size`; return a summary.
 
     Defined in :numref:`sec_ddp_resnet`"""
+    d2l._check_positive_int(num_epochs, 'num_epochs')
+    d2l._check_rate(lr, 'lr')
     local_batch = local_batch_size(batch_size, world_size)
     with process_group(rank, world_size, init_method, local_rank=local_rank,
                        local_world_size=local_world_size) as device:
@@ -1485,7 +1650,8 @@ def train_ddp(rank, world_size, init_method, num_epochs, batch_size, lr,
             sampler.set_epoch(epoch)  # a new shuffle, the same on every rank
             timer.start()
             summary['train_loss'].append(
-                _ddp_epoch(net, optimizer, train_iter, device, world_size))
+                _ddp_epoch(net, optimizer, train_iter, device, world_size,
+                           epoch))
             summary['epoch_s'].append(timer.stop())
         # The bare model: the wrapper might exchange buffers at each forward.
         summary['test_acc'] = evaluate_accuracy_ddp(model, device, rank,
@@ -1499,6 +1665,9 @@ def describe_ddp_run(summary):
     """A few lines about a distributed training run, from one rank's summary.
 
     Defined in :numref:`sec_ddp_resnet`"""
+    if not summary.get('epoch_s'):
+        raise ValueError('summary holds no epoch: pass what train_ddp '
+                         'returned for num_epochs of at least 1')
     s, losses = summary, ', '.join(f'{l:.3f}' for l in summary['train_loss'])
     return (f'{s["world_size"]} processes, backend {s["backend"]}, rank '
             f'{s["rank"]} on {s["device"]}\n{s["data"]}\ntraining loss per '
@@ -1597,8 +1766,7 @@ def check_stage(stage):
     """Reject a ZeRO stage other than 0 (plain data parallelism), 1, 2 or 3.
 
     Defined in :numref:`sec_sharded_data_parallel`"""
-    if isinstance(stage, bool) or not isinstance(stage, int) \
-            or not 0 <= stage <= 3:
+    if not d2l._is_int(stage) or not 0 <= stage <= 3:
         raise ValueError(f'stage must be 0 (plain data parallelism), 1, 2 '
                          f'or 3, got {stage!r}')
 
@@ -1656,6 +1824,8 @@ def zero_step(X, y, states, devices, stage, lr, momentum=0.9):
     Defined in :numref:`sec_sharded_data_parallel`"""
     check_stage(stage)
     _check_zero_states(states, devices, stage)
+    d2l._check_rate(lr, 'lr')
+    d2l._check_rate(momentum, 'momentum', below=1)
     X_shards, y_shards = split_batch(X, y, devices)
     fulls = [s['params'] for s in states]
     if stage == 3:  # gathered just before use ...
@@ -1770,10 +1940,10 @@ def _check_step_args(t_compute, cores, threads, accumulate, overlap):
     """Reject arguments of predict_step_time that are not positive, or an overlap outside [0, 1].
 
     Defined in :numref:`sec_cost_model`"""
-    for name, value in (('t_compute', t_compute), ('threads', threads),
-                        ('cores', 1 if cores is None else cores),
-                        ('accumulate', accumulate)):
-        _check_number(name, value, positive=True)
+    _check_number('t_compute', t_compute, positive=True)
+    for name, value in (('threads', threads), ('accumulate', accumulate),
+                        ('cores', 1 if cores is None else cores)):
+        _check_int(name, value, 1)
     _check_number('overlap (the hidden fraction of the allreduce)', overlap)
     if overlap > 1:
         raise ValueError(f'overlap must be at most 1, got {overlap!r}')
@@ -1942,6 +2112,7 @@ def timing_batch(global_batch):
     """The first `global_batch` training images and labels (wrapping around), for timing runs.
 
     Defined in :numref:`sec_cost_model`"""
+    d2l._check_positive_int(global_batch, 'global_batch')
     X, y = fashion_mnist_tensors('train')
     idx = paddle.arange(global_batch) % y.shape[0]
     return X[idx], y[idx]
@@ -2068,26 +2239,44 @@ def _time_configs(configs, global_batch, num_steps, warmup, reps, rank,
 import gzip
 import hashlib
 import http.client
+import math
+import numbers
 import os
 import sys
+import tempfile
+import time
 import urllib.error
 import urllib.request
 import numpy as np
 import paddle
 import paddle.nn.functional as F
 
+def _is_int(value):
+    """Whether `value` is an integer of any type, NumPy's too, but no bool.
+
+    Defined in :numref:`sec_d2l_package`"""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+def _check_count(value, name, least=0):
+    """Reject `value` unless it is an integer of at least `least`, naming it.
+
+    Defined in :numref:`sec_d2l_package`"""
+    if not _is_int(value) or value < least:
+        kind = {0: 'a non-negative integer', 1: 'a positive integer'}.get(
+            least, f'an integer of at least {least}')
+        raise ValueError(f'{name} must be {kind}, got {value!r}')
+
 def _check_positive_int(value, name):
     """Reject `value` unless it is a positive integer, naming it as `name`.
 
     Defined in :numref:`sec_d2l_package`"""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f'{name} must be a positive integer, got {value!r}')
+    _check_count(value, name, 1)
 
 def _check_gpu_index(i):
     """Reject a GPU index that is not a non-negative integer, saying so.
 
     Defined in :numref:`sec_d2l_package`"""
-    if isinstance(i, bool) or not isinstance(i, int) or i < 0:
+    if not _is_int(i) or i < 0:
         raise ValueError(f'GPU index i must be a non-negative integer, got '
                          f'{i!r}')
 
@@ -2095,10 +2284,21 @@ def _check_num_devices(num_devices, name='num_devices'):
     """Reject a device count that is not a positive integer, saying so.
 
     Defined in :numref:`sec_d2l_package`"""
-    if isinstance(num_devices, bool) or not isinstance(num_devices, int) \
-            or num_devices < 1:
+    if not _is_int(num_devices) or num_devices < 1:
         raise ValueError(f'{name} must be a positive integer (the number of '
                          f'model copies), got {num_devices!r}')
+
+def _check_rate(value, name, below=None):
+    """Reject a rate that is not a finite number >= 0 (and < `below`).
+
+    Defined in :numref:`sec_d2l_package`"""
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) \
+        and math.isfinite(value) and value >= 0 and \
+        (below is None or value < below)
+    if not ok:
+        limit = '' if below is None else f' below {below}'
+        raise ValueError(f'{name} must be a finite non-negative number'
+                         f'{limit}, got {value!r}')
 
 def _device_name(device):
     """A short name for `device` and whether it is a GPU.
@@ -2177,12 +2377,9 @@ def _check_sgd(params, lr, batch_size):
     """Reject arguments of `sgd` that would corrupt the parameters, saying why.
 
     Defined in :numref:`sec_d2l_package`"""
-    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or \
-            not lr >= 0 or lr == float('inf'):
-        raise ValueError(f'lr must be a finite non-negative number, got '
-                         f'{lr!r}')
+    _check_rate(lr, 'lr')
     if isinstance(batch_size, bool) or not isinstance(
-            batch_size, (int, float)) or not batch_size > 0:
+            batch_size, numbers.Real) or not 0 < batch_size < math.inf:
         raise ValueError(f'batch_size must be a positive number (the '
                          f'examples the loss was summed over), got '
                          f'{batch_size!r}')
@@ -2193,6 +2390,19 @@ def _check_sgd(params, lr, batch_size):
                 f'params[{i}] has no gradient: compute the loss from it and '
                 f'call backward() before sgd (in MXNet, attach_grad() first)')
     return params
+
+def _check_loss(losses, where):
+    """The sum of `losses` as a float; FloatingPointError naming `where` if not finite.
+
+    Defined in :numref:`sec_d2l_package`"""
+    values = losses if isinstance(losses, (list, tuple)) else [losses]
+    total = sum(float(v.item() if hasattr(v, 'item') else v) for v in values)
+    if not math.isfinite(total):
+        raise FloatingPointError(
+            f'the training loss became {total} at {where}, so training '
+            f'diverged; try a smaller learning rate (or a warm-up), and check '
+            f'that the inputs hold no nan or inf')
+    return total
 
 def _points(x, y, curves):
     """The x and y values of one `Animator.add` call, one per curve.
@@ -2209,20 +2419,18 @@ def _points(x, y, curves):
     return xs, ys
 
 def _check_loader_args(batch_size, resize):
-    """Reject a batch size or resize target that cannot work, saying why.
+    """The batch size and (height, width) as ints, or an error saying why not.
 
     Defined in :numref:`sec_d2l_package`"""
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or \
-            batch_size < 1:
-        raise ValueError(
-            f'batch_size must be a positive integer, got {batch_size!r}')
+    _check_positive_int(batch_size, 'batch_size')
     if resize is None:
-        return None
-    size = (resize, resize) if isinstance(resize, int) else tuple(resize)
-    if len(size) != 2 or not all(isinstance(s, int) and s > 0 for s in size):
+        return int(batch_size), None
+    size = (resize, resize) if _is_int(resize) else resize
+    if not isinstance(size, (tuple, list)) or len(size) != 2 or \
+            not all(_is_int(s) and s > 0 for s in size):
         raise ValueError(f'resize must be a positive integer or a (height, '
                          f'width) pair of them, got {resize!r}')
-    return size
+    return int(batch_size), tuple(int(s) for s in size)
 
 def use_svg_display():
     """Make Jupyter render matplotlib figures as SVG.
@@ -2288,8 +2496,8 @@ def fashion_mnist_dirs():
 
 _SAID = set()
 
-def _say_once(message):
-    """Print `message` the first time this process has it to say, on rank 0 only.
+def _say_once(message, everywhere=False):
+    """Print `message` once per process: on rank 0 only, or on stderr `everywhere`.
 
     Defined in :numref:`sec_d2l_package`"""
     # Launchers give every process of a job its rank; a report from each of
@@ -2297,7 +2505,9 @@ def _say_once(message):
     rank = os.environ.get('RANK', os.environ.get('PADDLE_TRAINER_ID', '0'))
     if message not in _SAID:
         _SAID.add(message)
-        if rank.strip() in ('', '0'):
+        if everywhere:
+            print(message, file=sys.stderr)
+        elif rank.strip() in ('', '0'):
             print(message)
 
 def _unpack_and_check(path, name, raw):
@@ -2330,8 +2540,10 @@ def _find_idx_file(name, search):
                 return path
     return None
 
+DOWNLOAD_WAIT_S = 600  # how long to wait for another process's download
+
 class _FileLock:
-    """Hold an exclusive lock on `path`, so that one process at a time downloads."""
+    """Hold an exclusive lock on `path`; wait at most DOWNLOAD_WAIT_S for it."""
     def __init__(self, path):
         """Defined in :numref:`sec_d2l_package`"""
         self.path = path
@@ -2342,8 +2554,24 @@ class _FileLock:
             import fcntl
         except ImportError:  # Windows: no lock, but atomic renames keep files whole
             return self
-        fcntl.flock(self.file, fcntl.LOCK_EX)
-        return self
+        deadline = time.monotonic() + DOWNLOAD_WAIT_S
+        while True:
+            try:
+                fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return self
+            except BlockingIOError:
+                pass
+            if time.monotonic() > deadline:
+                self.file.close()
+                raise DatasetError(
+                    f'another process has held {self.path} for '
+                    f'{DOWNLOAD_WAIT_S} s without finishing its download; '
+                    f'stop it, or set D2L_DATA_DIR to a folder that holds '
+                    f'the four Fashion-MNIST files')
+            _say_once(f'Waiting for another process to download into '
+                      f'{os.path.dirname(self.path)} (at most '
+                      f'{DOWNLOAD_WAIT_S} s)', everywhere=True)
+            time.sleep(0.2)
 
     def __exit__(self, *exc):
         # Removing the file while holding it is safe: a process that wakes up
@@ -2353,6 +2581,23 @@ class _FileLock:
         except OSError:
             pass
         self.file.close()
+
+def _check_download_dir(name, target_dir):
+    """Create `target_dir` for downloading `name`, or say why it cannot be.
+
+    Defined in :numref:`sec_d2l_package`"""
+    try:
+        os.makedirs(target_dir, exist_ok=True)
+        tempfile.TemporaryFile(dir=target_dir).close()  # may we write there?
+    except OSError as err:
+        why = err.strerror or type(err).__name__
+        raise DatasetError(
+            f'Fashion-MNIST file {name} is in none of '
+            f'{", ".join(fashion_mnist_dirs()[0])}, and it cannot be '
+            f'downloaded into {target_dir} ({why}). Set D2L_DATA_DIR to a '
+            f'folder that holds the four files or that you may write to, or '
+            f'install them: sudo apt-get install dataset-fashion-mnist'
+        ) from None
 
 def _write_atomically(path, raw):
     """Write `raw` to `path` by renaming a finished temporary file.
@@ -2408,7 +2653,7 @@ def read_idx_file(name):
     search, target_dir = fashion_mnist_dirs()
     path = _find_idx_file(name, search)
     if path is None:
-        os.makedirs(target_dir, exist_ok=True)
+        _check_download_dir(name, target_dir)
         with _FileLock(os.path.join(target_dir, f'{name}.gz.lock')):
             # Another process may have downloaded it while we waited.
             path = _find_idx_file(name, search) or \
@@ -2465,6 +2710,13 @@ def fashion_mnist_arrays(split, quick):
         _FASHION_MNIST_CACHE[split] = images, labels
     images, labels = _FASHION_MNIST_CACHE[split]
     per_class = QUICK_PER_CLASS if quick else subset_per_class()
+    fewest = min(int((labels == c).sum()) for c in range(10)) \
+        if per_class and not quick else None
+    if fewest is not None and per_class[split] > fewest:
+        raise ValueError(
+            f'D2L_SUBSET asks for {per_class[split]} {split} images per '
+            f'class, but the {split} split has {fewest}; ask for at most '
+            f'that many, or unset D2L_SUBSET for all of them')
     if per_class:
         keep = balanced_subset(labels, per_class[split])
         images, labels = images[keep], labels[keep]
