@@ -866,7 +866,6 @@ import ipaddress
 import logging
 import multiprocessing.connection
 import pickle
-import re
 import signal
 import socket
 import subprocess
@@ -917,7 +916,7 @@ def _check_timeout(timeout_s, name='timeout_s'):
     if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(
             timeout_s, (int, float)) or not 0 < timeout_s < float('inf')):
         raise ValueError(f'{name} must be a positive number of seconds or '
-                         f'None (no limit of ours), got {timeout_s!r}')
+                         f'None, got {timeout_s!r}')
 
 def ddp_device(local_rank, local_world_size):
     """The GPU the launcher gave this process, else GPU `local_rank` if every local process gets one, else the CPU.
@@ -985,7 +984,7 @@ def _is_loopback(host):
     Defined in :numref:`sec_process_groups`"""
     try:
         return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
-    except (OSError, ValueError):
+    except (OSError, TypeError, ValueError):  # no such host, or no host
         return False
 
 _rank_report_dir = None  # set in the processes that spawn_ranks starts

@@ -718,7 +718,6 @@ import ipaddress
 import logging
 import multiprocessing.connection
 import pickle
-import re
 import signal
 import socket
 import subprocess
@@ -771,7 +770,7 @@ def _check_timeout(timeout_s, name='timeout_s'):
     if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(
             timeout_s, (int, float)) or not 0 < timeout_s < float('inf')):
         raise ValueError(f'{name} must be a positive number of seconds or '
-                         f'None (no limit of ours), got {timeout_s!r}')
+                         f'None, got {timeout_s!r}')
 
 def ddp_device(local_rank, local_world_size):
     """GPU `local_rank` if every process on this machine gets its own GPU, else the CPU.
@@ -847,7 +846,7 @@ def _is_loopback(host):
     Defined in :numref:`sec_process_groups`"""
     try:
         return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
-    except (OSError, ValueError):
+    except (OSError, TypeError, ValueError):  # no such host, or no host
         return False
 
 def _join_group(backend, init_method, rank, world_size, timeout_s):
@@ -858,11 +857,15 @@ def _join_group(backend, init_method, rank, world_size, timeout_s):
         timeout_s = _launcher_timeout_s
     timeout = timeout_s and datetime.timedelta(seconds=timeout_s)  # or None
     url = urllib.parse.urlsplit(init_method)
-    if url.scheme != 'tcp' or not url.port or not _is_loopback(url.hostname):
+    host = url.hostname
+    if url.scheme == 'env':  # set by torchrun, for example
+        host = os.environ.get('MASTER_ADDR')
+    if _is_loopback(host):
+        os.environ['GLOO_SOCKET_IFNAME'] = _loopback_interface()
+    if url.scheme != 'tcp' or not url.port or not _is_loopback(host):
         dist.init_process_group(backend, init_method=init_method, rank=rank,
                                 world_size=world_size, timeout=timeout)
         return
-    os.environ['GLOO_SOCKET_IFNAME'] = _loopback_interface()
     listener = None
     if rank == 0:  # TCPStore itself would listen on all interfaces
         listener = socket.create_server((url.hostname, url.port)).detach()

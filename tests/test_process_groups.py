@@ -846,3 +846,14 @@ def test_a_run_on_one_machine_listens_on_loopback_only(ddp, framework,
         exposed = [(a, p) for a, p in exposed if p != store]
     assert exposed == [], f'listening beyond loopback: {exposed}'
     assert [rank['gloo'] for rank in seen] == ['lo', 'lo']
+
+
+def test_launcher_paragraph_shows_the_timeouts_and_says_what_is_exposed():
+    page = (ROOT / 'chapter_multi_gpu' / 'process-groups.md').read_text()
+    launchers = page[page.index('## Launchers and Several Machines'):
+                     page.index('## Summary')]
+    text = ' '.join(launchers.split())
+    assert '--rdzv-conf timeout=900' in text  # torchrun's own wait
+    assert text.count('--timeout 600') == 2  # each script's, in both tabs
+    assert 'no option to give up' in text  # PaddlePaddle's launcher
+    assert 'private network' in text
