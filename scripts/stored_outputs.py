@@ -91,9 +91,16 @@ FRAMEWORKS = {
 FRAMEWORK_NAMES = {'pytorch': 'PyTorch', 'mxnet': 'MXNet', 'paddle': 'PaddlePaddle'}
 LOADER_LINE = re.compile(r'Fashion-MNIST, (?:quick|full) mode[^\n]*')
 # What no reader should see in an output: framework banners, glog-style C++
-# log lines (I1122 10:00:00.123 4567 file.cc:89] ...) and abort dumps.
+# log lines (I1122 10:00:00.123 4567 file.cc:89] ...), abort dumps, and a
+# library's own failure text where the book should say in one line what
+# failed: a C++ source location ([.../gloo/transport/tcp/pair.cc:537]), a
+# Python warning's location (x.py:12: UserWarning) or PaddlePaddle's refusal
+# of a device ("... only support gpu, xpu and custom_device now").
 DIRTY = re.compile(
     r'Modified FLAGS detected'
+    r'|[\w.-]\.(?:cc|cpp|cxx|cu|h|hpp):\d+\b'
+    r'|\.py:\d+: \w*Warning\b'
+    r'|\bonly supports? (?:cpu|gpu|xpu|custom_device)\b'
     r'|^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+\s+[\w./-]+:\d+\]'
     r'|FatalError|Process abort signal|\*\*\* Aborted at|C\+\+ Traceback'
     r'|terminate called after throwing|Error Message Summary'
@@ -102,7 +109,7 @@ DIRTY = re.compile(
 
 
 def dirty_lines(text):
-    """The lines of TEXT that hold a banner, a C++ log line or an abort dump."""
+    """The lines of TEXT that hold a banner, a C++ log line, an abort dump or raw failure text."""
     return [line for line in text.splitlines() if DIRTY.search(line)]
 
 
@@ -798,41 +805,111 @@ def write_fresh(target, text, not_before):
 # ---------------------------------------------------------------------------
 # annotate: one note per page on where its outputs come from
 
-def describe(group, frameworks):
-    """One sentence for the tabs whose outputs come from the same kind of run."""
-    mode, devices, data, date = group
-    names = ', '.join(frameworks)
-    if mode == 'quick':
-        what = f'{data}, ' if data else ''
-        return (f'Quick run by the book build on {devices}, {date}: {names}; '
-                f'{what}at most 2 epochs.')
-    what = f'{data}, ' if data else ''
-    return f'Full-mode run on {devices}, {date}: {names}; {what}epochs as written in the code.'
+# What d2l's train_epochs gives in quick mode (QUICK_MAX_EPOCHS, helpers.md).
+QUICK_MAX_EPOCHS = 2
+# How a page asks for its epochs: d2l.train_epochs(10), or a default
+# num_epochs=10 of a function that passes it to train_epochs.
+EPOCHS = re.compile(r'\btrain_epochs\((\d+)\)|\bnum_epochs\s*=\s*(\d+)\b')
+DATA_SIZES = re.compile(r'(\d+) training and (\d+) test images')
+PACKAGE_NAMES = {'torch': 'PyTorch', 'mxnet': 'MXNet', 'paddlepaddle': 'PaddlePaddle',
+                 'numpy': 'NumPy'}
+
+
+def epochs_of(nb, quick):
+    """The epochs NB's training runs for, as train_epochs gives them; None if NB trains nothing."""
+    code = '\n'.join(_join(c.source) for c in code_cells(nb))
+    if 'train_epochs(' not in code:
+        return None
+    asked = [int(a or b) for a, b in EPOCHS.findall(code)]
+    if not asked:
+        return None
+    return min(max(asked), QUICK_MAX_EPOCHS) if quick else max(asked)
+
+
+def describe_data(line):
+    """The loader's line in a reader's words: '6,000 training images, 600 per class, ...'."""
+    sizes = DATA_SIZES.search(line)
+    if not sizes:
+        return line.split(': ', 1)[-1]
+    train, test = int(sizes[1]), int(sizes[2])
+    if 'full mode:' in line:  # the whole data set
+        return f'all {train:,} training and {test:,} test images'
+    per_class = f', {train // 10:,} per class' if (
+        line.startswith('Fashion-MNIST') and train % 10 == 0) else ''
+    return f'{train:,} training images{per_class}, {test:,} test images'
+
+
+def _listing(names):
+    return names[0] if len(names) == 1 else ', '.join(names[:-1]) + ' and ' + names[-1]
+
+
+def _grouped(pairs):
+    """{value: [names]} in the order the values first appear."""
+    groups = {}
+    for name, value in pairs:
+        groups.setdefault(value, []).append(name)
+    return groups
+
+
+def _attributed(groups, everyone):
+    """One group's value alone when all share it, else each value with its frameworks."""
+    if len(groups) == 1 and list(groups.values())[0] == everyone:
+        return [next(iter(groups))]
+    return [f'{_listing(names)}: {value}' for value, names in groups.items()]
+
+
+def describe(records):
+    """The run behind the page in one line: devices, versions, data, epochs, date."""
+    names = [FRAMEWORK_NAMES.get(tab, tab) for tab, _ in records]
+    devices = _grouped((name, rec.get('devices') or 'unknown devices')
+                       for name, (_, rec) in zip(names, records))
+    parts = ['; '.join(_attributed(devices, names))]
+    versions, numpy = [], {}
+    for name, (_, rec) in zip(names, records):
+        found = rec.get('key_parts', {}).get('versions', {})
+        for package, version in sorted(found.items()):
+            if package == 'numpy':
+                numpy.setdefault(version, []).append(name)
+            else:
+                versions.append(f'{PACKAGE_NAMES.get(package, package)} {version}')
+    if len(numpy) == 1:
+        versions.append(f'NumPy {next(iter(numpy))}')
+    else:
+        versions += [f'NumPy {v} ({_listing(ns)})' for v, ns in numpy.items()]
+    parts.append(', '.join(versions))
+    runs = []
+    for name, (_, rec) in zip(names, records):
+        data = '; '.join(describe_data(line) for line in rec.get('data', []))
+        epochs = rec.get('epochs')
+        what = ', '.join(filter(None, [
+            data, epochs and f'{epochs} epoch{"" if epochs == 1 else "s"}']))
+        if what:
+            runs.append((name, what))
+    if runs:
+        parts += _attributed(_grouped(runs), names)
+    dates = sorted({rec.get('date') for _, rec in records if rec.get('date')})
+    if dates:
+        parts.append(dates[0] if len(dates) == 1 else f'{dates[0]} to {dates[-1]}')
+    return '; '.join(parts) + '.'
 
 
 def note_text(records):
-    """The page's note, the same in every tab, from each tab's record."""
-    groups = {}
-    for tab, rec in records:
-        data = '; '.join(('a class-balanced subset, ' if '(D2L_SUBSET=' in line else '')
-                         + line.split(': ', 1)[-1] for line in rec.get('data', []))
-        versions = ', '.join(f'{k} {v}' for k, v in sorted(
-            rec.get('key_parts', {}).get('versions', {}).items(), key=lambda kv: kv[0] == 'numpy'))
-        group = (rec.get('mode'), rec.get('devices'), data, rec.get('date'))
-        groups.setdefault(group, []).append(f'{FRAMEWORK_NAMES.get(tab, tab)} ({versions})')
-    sentences = [describe(group, names) for group, names in groups.items()]
+    """The page's note, the same in every tab, from each tab's record.
+
+    A record may carry 'epochs' (see epochs_of); a page that trains nothing
+    names none.
+    """
     built = [FRAMEWORK_NAMES.get(tab, tab) for tab, rec in records
              if rec.get('source') == 'evaluated']
     if built:
         kind = 'a quick run' if any(rec.get('mode') == 'quick' for _, rec in records) \
             else 'this build\'s own run'
-        head = (f'**Outputs of this page come from {kind}** ({", ".join(built)}): the '
-                f'stored full-mode outputs are missing or older than the code, so the book '
-                f'build evaluated the page; its accuracies and timings are not the book\'s '
-                f'results.')
+        head = (f'**Outputs of this page come from {kind}** ({_listing(built)}), not '
+                f'from the book\'s stored runs, which are missing or older than the '
+                f'code:')
     else:
-        head = '*Where these outputs come from.*'
-    return ' '.join([head] + sentences)
+        head = '*Where these outputs come from:*'
+    return f'{head} {describe(records)}'
 
 
 HEADING_LINES = re.compile(r'(?:(?:#|:label:)[^\n]*(?:\n|$))+')
@@ -881,7 +958,9 @@ def annotate(book, verbose=True):
             elif record.get('source') == 'evaluated':
                 earlier.append((page, tab))
             notebooks[tab] = (path, strip_note(nb))
-        records = [(tab, nb.metadata[RECORD]) for tab, (_, nb) in notebooks.items()
+        records = [(tab, dict(nb.metadata[RECORD], epochs=nb.metadata[RECORD].get(
+                    'epochs', epochs_of(nb, nb.metadata[RECORD].get('mode') == 'quick'))))
+                   for tab, (_, nb) in notebooks.items()
                    if nb.metadata[RECORD].get('source') != 'no code']
         note = note_text(records) if records else None
         for tab, (path, nb) in notebooks.items():

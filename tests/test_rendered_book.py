@@ -23,7 +23,7 @@ from urllib.parse import unquote, urlparse
 
 import pytest
 
-from conftest import hidden_definitions
+from conftest import CELL, hidden_definitions
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 HTML_DIR = pathlib.Path(os.environ.get('BOOK_HTML_DIR', ROOT / '_build' / 'html')).resolve()
@@ -287,6 +287,102 @@ def test_tab_bar_switches_the_visible_code_between_frameworks(visit, page_path):
     assert v.errors == [], f'switching tabs on {page_path} logged errors'
 
 
+def page_layout(page):
+    """Where the page's text, right-hand table of contents and Previous/Next bar sit."""
+    return page.evaluate('''() => {
+        const box = el => {
+            if (!el) return null;
+            const r = el.getBoundingClientRect();
+            return {left: r.left, right: r.right, top: r.top + window.scrollY,
+                    bottom: r.bottom + window.scrollY, width: r.width,
+                    parent: el.parentElement ? el.parentElement.className : ''};
+        };
+        return {
+            viewport: window.innerWidth,
+            text: box(document.querySelector('.page-content')),
+            document: box(document.querySelector('.document')),
+            toc: box(document.querySelector('.side-doc-outline')),
+            toc_links: document.querySelectorAll('.side-doc-outline a').length,
+            footer: box(document.querySelector('.pagenation')),
+        };
+    }''')
+
+
+def layout_problems(layout):
+    """What is out of place: the table of contents beside the text, the footer below it."""
+    text, toc, footer = layout['text'], layout['toc'], layout['footer']
+    if not text:
+        return ['no .page-content']
+    problems = []
+    if not toc or toc['parent'] != 'document':
+        problems.append(f'the table of contents left its column: {toc}')
+    elif not (toc['left'] >= text['right'] - 1 and toc['right'] <= layout['viewport'] + 1
+              and toc['width'] > 100):
+        problems.append(f'the table of contents is not right of the text: {toc} vs {text}')
+    if not footer or footer['parent'] != 'mdl-layout__content':
+        problems.append(f'the Previous/Next bar left the end of the page: {footer}')
+    elif footer['top'] < max(text['bottom'], layout['document']['bottom']) - 1:
+        problems.append(f'the Previous/Next bar covers the text: {footer} vs {text}')
+    return problems
+
+
+def first_code_line(code):
+    """The first line of a cell that is code, not a d2lbook mark such as #@save."""
+    return next((line.strip() for line in code.splitlines()
+                 if line.strip() and not line.strip().startswith('#@')), '')
+
+
+def shared_cells(source):
+    """First code lines of the cells of markdown SOURCE that every tab shares."""
+    shared = set()
+    for code in CELL.findall(source.read_text()):
+        mark = code.split('\n', 1)[0].strip()
+        tabs = ({t.strip() for t in mark[len('#@tab'):].split(',')}
+                if mark.startswith('#@tab') else {FRAMEWORKS[0]})
+        if 'all' in tabs or set(FRAMEWORKS) <= tabs:
+            shared.add(first_code_line(code))
+    return shared
+
+
+def escaped_from_tabs(page, shared):
+    """Headings inside a tab group, and code cells outside one that not every tab shares."""
+    found = page.evaluate('''() => {
+        const content = document.querySelector('.page-content');
+        return {
+            headings: Array.from(content.querySelectorAll('h1, h2, h3, h4, h5, h6'))
+                .filter(h => h.closest('.mdl-tabs'))
+                .map(h => h.textContent.replace('\u00b6', '').trim()),
+            cells: Array.from(content.querySelectorAll('div.highlight-python'))
+                .filter(c => !c.closest('.mdl-tabs__panel')).map(c => c.innerText),
+        };
+    }''')
+    return ([f'heading in a tab group: {h}' for h in found['headings']]
+            + [f'code cell of some tabs outside their tab group: {first_code_line(c)}'
+               for c in found['cells'] if first_code_line(c) not in shared])
+
+
+@pytest.mark.parametrize('page_path', book_pages())
+def test_every_page_keeps_its_table_of_contents_and_footer_in_place(visit, page_path):
+    """In every tab: the outline right of the text, the Previous/Next bar after it."""
+    v = visit(page_path)
+    frameworks = FRAMEWORKS if page_path in section_pages() else (None,)
+    for framework in frameworks:
+        if framework:
+            v.page.locator('.mdl-tabs__tab-bar .mdl-tabs__tab', has_text=framework).first.click()
+            v.page.wait_for_timeout(100)
+        layout = page_layout(v.page)
+        assert layout_problems(layout) == [], f'{page_path} [{framework}]'
+        if page_path in section_pages():
+            assert layout['toc_links'] > 0, f'{page_path} has an empty table of contents'
+
+
+@pytest.mark.parametrize('page_path', section_pages())
+def test_no_heading_or_code_cell_escapes_its_tab_group(rendered, page_path):
+    """A heading belongs to every tab; a code cell to the tabs of its group."""
+    shared = shared_cells((ROOT / page_path).with_suffix('.md'))
+    assert escaped_from_tabs(rendered(page_path).page, shared) == []
+
+
 def test_framework_choice_carries_over_to_the_next_page(browser, html_dir, visit):
     pages = [p for p in section_pages() if (html_dir / p).exists()]
     if len(pages) < 2:
@@ -417,8 +513,14 @@ def test_each_section_says_once_where_its_outputs_come_from(html_dir, page_path)
     notes = text.count('Where these outputs come from') + text.count(
         'Outputs of this page come from')
     assert notes == 1, f'{page_path} has {notes} notes on where its outputs come from, not one'
-    assert re.search(r'(Full-mode run|Quick run by the book build) on .+, \d{4}-\d\d-\d\d:', text), (
+    note = re.search(r'(?:Where these outputs come from:|Outputs of this page come from)'
+                     r'[^.]*?(?:: )?(.+?\d{4}-\d\d-\d\d)\.', text)
+    assert note and re.search(r'CPU cores|GPU', note[1]), (
         f'{page_path} does not say on which devices and when its outputs were computed')
+    # One line: each device description once, epochs as a number or not at all.
+    devices = re.findall(r'\d+ CPU cores \([^)]*\), no GPU|\d+ x [^;]+', note[1])
+    assert len(devices) == len(set(devices)), f'{page_path}: {note[1]}'
+    assert 'as written in the code' not in note[1]
 
 
 @functools.cache
