@@ -857,3 +857,39 @@ def test_launcher_paragraph_shows_the_timeouts_and_says_what_is_exposed():
     assert text.count('--timeout 600') == 2  # each script's, in both tabs
     assert 'no option to give up' in text  # PaddlePaddle's launcher
     assert 'private network' in text
+
+
+def test_a_launcher_s_timeout_also_bounds_each_exchange(ddp, framework):
+    if framework != 'pytorch':
+        pytest.skip("PaddlePaddle's Gloo group has no timeout (the script's "
+                    'help says so)')
+    port = ddp.free_port()
+    code = textwrap.dedent(f'''
+        import json, os, signal, time
+        from d2l import torch as d2l
+        rank = int(os.environ['RANK'])
+        with d2l.launcher_deadline(rank, 2, 3):
+            with d2l.process_group(rank, 2) as device:
+                d2l.dist.barrier()
+                if rank == 1:  # frozen, as by a debugger or Ctrl-Z
+                    os.kill(os.getpid(), signal.SIGSTOP)
+                began = time.monotonic()
+                try:
+                    d2l.dist.all_reduce(d2l.torch.ones(1))
+                    said = 'no error'
+                except RuntimeError as err:
+                    said = str(err)
+                print({RESULT!r} + json.dumps([said, time.monotonic() - began]),
+                      flush=True)
+                os._exit(0)  # leave a broken group without a barrier
+        ''')
+    ranks = [start([sys.executable, '-c', code], env=dict(
+        scenario_env(), RANK=str(rank), WORLD_SIZE='2', MASTER_ADDR='127.0.0.1',
+        MASTER_PORT=str(port))) for rank in (0, 1)]
+    try:
+        said, seconds = result_of(*finish(ranks[0], 150), ranks[0])
+    finally:
+        os.killpg(ranks[1].pid, signal.SIGKILL)
+        finish(ranks[1], 30)
+    assert 'Timed out' in said or 'timed out' in said, said
+    assert seconds < 60
