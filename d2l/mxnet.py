@@ -702,6 +702,394 @@ def set_learning_rate(optimizer, lr):
     d2l._check_rate(lr, 'lr')
     optimizer.set_learning_rate(lr)
 
+import contextlib
+import ipaddress
+import logging
+import multiprocessing.connection
+import pickle
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import traceback
+
+import multiprocessing
+import types
+
+def _check_rank(rank, world_size, what='rank'):
+    """Reject a world size below 1 or a rank outside 0..world_size-1, naming the culprit.
+
+    Defined in :numref:`sec_process_groups`"""
+    size = what.replace('rank', 'world_size')  # local_rank: local_world_size
+    for name, value in ((size, world_size), (what, rank)):
+        if not _is_int(value):
+            raise ValueError(f'{name} must be an integer, got {value!r}')
+    if world_size < 1:
+        raise ValueError(f'{size} must be at least 1, got {world_size}')
+    if not 0 <= rank < world_size:
+        raise ValueError(f'{what} must lie in 0..{world_size - 1} for a '
+                         f'{size} of {world_size}, got {rank}')
+
+def _int_from_env(name, least, default=None):
+    """The integer in environment variable `name`, at least `least`; `default` if unset.
+
+    Defined in :numref:`sec_process_groups`"""
+    text = os.environ.get(name)
+    if text is None:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or value < least:
+        raise ValueError(
+            f'environment variable {name}={text!r} must be an integer of at '
+            f'least {least}: unset it and start the script with the '
+            f"framework's launcher, which sets it")
+    return value
+
+def _check_timeout(timeout_s, name='timeout_s'):
+    """Accept None or a positive number of seconds for a process group's timeout.
+
+    Defined in :numref:`sec_process_groups`"""
+    if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(
+            timeout_s, (int, float)) or not 0 < timeout_s < float('inf')):
+        raise ValueError(f'{name} must be a positive number of seconds or '
+                         f'None, got {timeout_s!r}')
+
+def free_port(host='127.0.0.1'):
+    """Ask the operating system for a TCP port on `host` that nothing holds right now.
+
+    Defined in :numref:`sec_process_groups`"""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))  # port 0: let the system choose
+        return probe.getsockname()[1]
+
+_launcher_timeout_s = None  # a launcher script's --timeout: launcher_deadline
+
+def _loopback_interface():
+    """Name of the network interface that carries this machine's loopback address.
+
+    Defined in :numref:`sec_process_groups`"""
+    return 'lo0' if sys.platform == 'darwin' else 'lo'
+
+def _is_loopback(host):
+    """Whether `host` names an address of this machine's loopback interface.
+
+    Defined in :numref:`sec_process_groups`"""
+    try:
+        return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
+    except (OSError, TypeError, ValueError):  # no such host, or no host
+        return False
+
+_rank_report_dir = None  # set in the processes that spawn_ranks starts
+
+def _record_rank_failure(rank):
+    """In a process that spawn_ranks started, write down the exception being handled, if it is the first.
+
+    Defined in :numref:`sec_process_groups`"""
+    if _rank_report_dir is None:
+        return
+    path = os.path.join(_rank_report_dir, f'rank{rank}.error')
+    if not os.path.exists(path):  # the first error is the cause
+        with open(path + '.part', 'w') as f:
+            f.write(f'{time.time()!r}\n{traceback.format_exc()}')
+        os.replace(path + '.part', path)  # readers never see half a file
+
+def _collect_results(out_dir, world_size):
+    """The results that the ranks of spawn_ranks stored, by rank.
+
+    Defined in :numref:`sec_process_groups`"""
+    results = []
+    for rank in range(world_size):
+        with open(os.path.join(out_dir, f'rank{rank}.pkl'), 'rb') as f:
+            results.append(pickle.load(f))
+    return results
+
+def _check_worker(worker, args):
+    """Fail early, in this process, if spawned processes could not import `worker` or unpickle `args`.
+
+    Defined in :numref:`sec_process_groups`"""
+    if not callable(worker):
+        raise TypeError(f'worker must be a function, got {worker!r}')
+    main = sys.modules.get('__main__')
+    if getattr(worker, '__module__', None) == '__main__' and \
+            not hasattr(main, '__file__'):
+        raise ValueError(
+            f'worker {worker.__name__} is defined in this notebook or '
+            f'interpreter session, which new processes cannot import: save it '
+            f'in a module (as the book saves its workers in d2l) and pass that')
+    for name, value in (('worker', worker), ('args', args)):
+        try:
+            pickle.dumps(value)
+        except Exception as err:
+            raise ValueError(
+                f'{name} cannot be sent to new processes ({err}); use a '
+                f'function defined at the top level of a module and '
+                f'arguments that pickle') from None
+
+@contextlib.contextmanager
+def _quiet_logger(name):
+    """Hide the informational and warning records of logger `name` in the body of a `with` block.
+
+    Defined in :numref:`sec_process_groups`"""
+    logger = logging.getLogger(name)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+def _start_rank(rank, out_dir, parent_pid):
+    """Prepare a process that spawn_ranks started: report to out_dir, log there, die with the parent.
+
+    Defined in :numref:`sec_process_groups`"""
+    global _rank_report_dir
+    _rank_report_dir = out_dir
+    log = os.open(os.path.join(out_dir, f'rank{rank}.log'),
+                  os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    for stream in (1, 2):  # C++ log lines and dumps bypass sys.stdout/stderr
+        os.dup2(log, stream)
+    os.close(log)
+    if sys.platform.startswith('linux'):
+        import ctypes
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+    if os.getppid() != parent_pid:  # the parent died before we asked
+        os._exit(1)
+    beat = os.path.join(out_dir, f'rank{rank}.alive')
+    open(beat, 'w').close()
+    threading.Thread(target=_heartbeat, args=(beat,), daemon=True).start()
+
+def _finish_rank(rank, out_dir, result):
+    """Store the result of a worker where spawn_ranks collects it.
+
+    Defined in :numref:`sec_process_groups`"""
+    with open(os.path.join(out_dir, f'rank{rank}.pkl.part'), 'wb') as f:
+        pickle.dump(result, f)
+    os.replace(os.path.join(out_dir, f'rank{rank}.pkl.part'),
+               os.path.join(out_dir, f'rank{rank}.pkl'))
+
+def _rank_failure(out_dir, world_size, exit_codes):
+    """The error to raise for a failed group, given the ranks' exit codes.
+
+    Defined in :numref:`sec_process_groups`"""
+    killed = [rank for rank, code in enumerate(exit_codes)
+              if code is not None and code < 0 and -code != signal.SIGABRT]
+    written = []
+    for rank in range(world_size):
+        path = os.path.join(out_dir, f'rank{rank}.error')
+        if os.path.exists(path):
+            with open(path) as f:
+                when, trace = f.read().split('\n', 1)
+            written.append((float(when), rank, trace))
+    if written and not killed:
+        _, rank, trace = min(written)
+        return RuntimeError(f'rank {rank} of {world_size} failed:\n{trace}')
+    rank = killed[0] if killed else next(
+        r for r, code in enumerate(exit_codes) if code not in (None, 0))
+    code = exit_codes[rank]
+    how = (f'signal {signal.Signals(-code).name}' if code < 0
+           else f'exit code {code}')
+    message = (f'rank {rank} of {world_size} died ({how}) without a Python '
+               f'error')
+    log = os.path.join(out_dir, f'rank{rank}.log')
+    if os.path.exists(log):
+        with open(log, errors='replace') as f:
+            tail = f.read()[-3000:]
+        message += f'.\nThe end of its output:\n{tail}'
+    return RuntimeError(message)
+
+def _stop_processes(processes, grace_s=3.0):
+    """Terminate the processes that still run, kill those that ignore it, and reap them all.
+
+    Defined in :numref:`sec_process_groups`"""
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+    deadline = time.monotonic() + grace_s
+    for process in processes:
+        process.join(max(0.0, deadline - time.monotonic()))
+        if process.is_alive():
+            process.kill()
+            process.join()
+
+def _join_ranks(context, out_dir, world_size, silence_s, servers=()):
+    """Wait for the processes of spawn_ranks; on a failure, a silent rank, an interrupt or SIGTERM stop them all.
+
+    Defined in :numref:`sec_process_groups`"""
+    def on_sigterm(signum, frame):
+        raise SystemExit(128 + signum)  # unwinds through the clean-up below
+
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = in_main_thread and signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        codes = _wait_for_ranks(context.processes, out_dir, silence_s,
+                                servers)
+    finally:  # KeyboardInterrupt, SystemExit from SIGTERM, a silent rank
+        _stop_processes([*context.processes, *servers])
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, previous)
+    if codes is not None:
+        raise _rank_failure(out_dir, world_size, codes) from None
+
+def _heartbeat(path):
+    """Touch the file at `path` every second, as a sign of life for spawn_ranks.
+
+    Defined in :numref:`sec_process_groups`"""
+    while True:
+        os.utime(path)
+        time.sleep(1.0)
+
+def _wait_for_ranks(processes, out_dir, silence_s, servers=()):
+    """Wait until all ranks end well (None) or one fails (their exit codes); raise if one falls silent or a server ends.
+
+    Defined in :numref:`sec_process_groups`"""
+    seen, checked = {}, time.monotonic()  # rank: (heartbeat, when it changed)
+    while True:
+        codes = [process.exitcode for process in processes]
+        if all(code == 0 for code in codes):
+            return None
+        for server in servers:  # MXNet's: they end well after the workers
+            if server.exitcode not in (None, 0):
+                raise RuntimeError(
+                    f'a parameter-server process ended (exit code '
+                    f'{server.exitcode}) while the workers still ran')
+        if any(code not in (None, 0) for code in codes):
+            # A peer's death may show a moment after the error it caused.
+            running = [p.sentinel for p in processes if p.exitcode is None]
+            if running:
+                multiprocessing.connection.wait(running, 0.5)
+            return [process.exitcode for process in processes]
+        now = time.monotonic()
+        if now - checked > 5:  # this process was stopped or suspended too
+            seen = {}
+        checked = now
+        for rank, code in enumerate(codes):
+            path = os.path.join(out_dir, f'rank{rank}.alive')
+            if code is not None or not os.path.exists(path):
+                continue  # ended well, or not started yet
+            beat = os.stat(path).st_mtime_ns
+            if seen.get(rank, (None,))[0] != beat:
+                seen[rank] = (beat, now)
+            elif silence_s and now - seen[rank][1] > silence_s:
+                raise RuntimeError(
+                    f'rank {rank} of {len(processes)} showed no sign of life '
+                    f'for {silence_s:g} s (stopped, or hung holding Python\'s '
+                    f'lock), so all ranks were stopped; if it needs longer, '
+                    f'pass a larger silence_s to spawn_ranks')
+        multiprocessing.connection.wait(
+            [p.sentinel for p in [*processes, *servers]], 0.2)
+
+def spawn_ranks(worker, world_size, *args, silence_s=60.0):
+    """Run worker(rank, world_size, *args) in `world_size` new processes beside a parameter server; return their results by rank.
+
+    Defined in :numref:`sec_process_groups`"""
+    _check_rank(0, world_size)
+    _check_worker(worker, args)
+    _check_timeout(silence_s, 'silence_s')
+    context = multiprocessing.get_context('spawn')
+    with tempfile.TemporaryDirectory(prefix='d2l-ranks-') as out_dir:
+        env, servers = _start_servers(context, world_size, out_dir)
+        workers = []
+        try:  # ps-lite numbers the workers in the order of their ports
+            for rank, port in enumerate(_free_ports(world_size)):
+                with _environment(env, DMLC_ROLE='worker', PORT=str(port)):
+                    workers.append(context.Process(target=_run_rank, args=(
+                        rank, worker, world_size, args, out_dir,
+                        os.getpid())))
+                    workers[-1].start()
+        except BaseException:
+            _stop_processes(workers + servers)
+            raise
+        _join_ranks(types.SimpleNamespace(processes=workers), out_dir,
+                    world_size, silence_s, servers)
+        return _collect_results(out_dir, world_size)
+
+def _run_rank(rank, worker, world_size, args, out_dir, parent_pid):
+    """Body of one worker of spawn_ranks: run the worker, store its result or its error.
+
+    Defined in :numref:`sec_process_groups`"""
+    _start_rank(rank, out_dir, parent_pid)
+    try:
+        result = worker(rank, world_size, *args)
+    except BaseException:
+        _record_rank_failure(rank)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)  # while the worker's store is alive: see the text
+    _finish_rank(rank, out_dir, result)
+
+def _free_ports(n, host='127.0.0.1'):
+    """`n` different free ports on `host`, in increasing order.
+
+    Defined in :numref:`sec_process_groups`"""
+    ports = set()
+    while len(ports) < n:
+        ports.add(free_port(host))
+    return sorted(ports)
+
+@contextlib.contextmanager
+def _environment(values, **more):
+    """Set environment variables for the body of a `with` block, then restore them.
+
+    Defined in :numref:`sec_process_groups`"""
+    values = {**values, **more}
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+def _start_servers(context, num_workers, out_dir, num_servers=1):
+    """Start MXNet's scheduler and servers on loopback; return the workers' environment and the processes.
+
+    Defined in :numref:`sec_process_groups`"""
+    env = {'DMLC_PS_ROOT_URI': '127.0.0.1', 'DMLC_NODE_HOST': '127.0.0.1',
+           'DMLC_PS_ROOT_PORT': str(free_port()),
+           'DMLC_NUM_SERVER': str(num_servers),
+           'DMLC_NUM_WORKER': str(num_workers)}
+    servers = []
+    for i, role in enumerate(['scheduler'] + ['server'] * num_servers):
+        log = os.path.join(out_dir, f'{role}{i}.log')
+        servers.append(context.Process(target=_serve, args=(
+            role, env, log, os.getpid())))
+        servers[-1].start()
+    return env, servers
+
+def _serve(role, env, log_path, parent_pid):
+    """Become MXNet's scheduler or a server (`role`) for one job, logging to `log_path`; die with the parent.
+
+    Defined in :numref:`sec_process_groups`"""
+    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    for stream in (1, 2):
+        os.dup2(log, stream)
+    if sys.platform.startswith('linux'):
+        import ctypes
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # kept across exec
+    if os.getppid() != parent_pid:  # the parent died before we asked
+        os._exit(1)
+    os.environ.update(env, DMLC_ROLE=role)
+    os.execv(sys.executable, [sys.executable, '-c', 'import mxnet'])
+
+def _push_pull_demo(rank, world_size):
+    """Push rank + 1 to a dist_sync store and pull the sum; return what this worker saw.
+
+    Defined in :numref:`sec_process_groups`"""
+    kv = mx.kv.create('dist_sync')  # meets the scheduler and the server
+    kv.init(0, np.zeros(1))  # rank 0's value starts the key on the server
+    kv.push(0, np.array([rank + 1.0]))  # the server sums all pushes
+    total = np.zeros(1)
+    kv.pull(0, out=total)  # waits for every worker's push
+    return {'rank': kv.rank, 'num_workers': kv.num_workers,
+            'pid': os.getpid(), 'sum': float(total[0])}
+
 import math
 
 def _check_per_device(data, name):

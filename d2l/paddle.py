@@ -939,6 +939,14 @@ def ddp_backend(device):
     Defined in :numref:`sec_process_groups`"""
     return 'nccl' if str(device).startswith('gpu') else 'gloo'
 
+def free_port(host='127.0.0.1'):
+    """Ask the operating system for a TCP port on `host` that nothing holds right now.
+
+    Defined in :numref:`sec_process_groups`"""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))  # port 0: let the system choose
+        return probe.getsockname()[1]
+
 @contextlib.contextmanager
 def process_group(rank, world_size, init_method='env://', timeout_s=None,
                   device=None, local_rank=None, local_world_size=None):
@@ -1119,7 +1127,7 @@ def _stop_processes(processes, grace_s=3.0):
             process.kill()
             process.join()
 
-def _join_ranks(context, out_dir, world_size, silence_s):
+def _join_ranks(context, out_dir, world_size, silence_s, servers=()):
     """Wait for the processes of spawn_ranks; on a failure, a silent rank, an interrupt or SIGTERM stop them all.
 
     Defined in :numref:`sec_process_groups`"""
@@ -1129,9 +1137,10 @@ def _join_ranks(context, out_dir, world_size, silence_s):
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = in_main_thread and signal.signal(signal.SIGTERM, on_sigterm)
     try:
-        codes = _wait_for_ranks(context.processes, out_dir, silence_s)
+        codes = _wait_for_ranks(context.processes, out_dir, silence_s,
+                                servers)
     finally:  # KeyboardInterrupt, SystemExit from SIGTERM, a silent rank
-        _stop_processes(context.processes)
+        _stop_processes([*context.processes, *servers])
         if in_main_thread:
             signal.signal(signal.SIGTERM, previous)
     if codes is not None:
@@ -1145,8 +1154,8 @@ def _heartbeat(path):
         os.utime(path)
         time.sleep(1.0)
 
-def _wait_for_ranks(processes, out_dir, silence_s):
-    """Wait until all ranks end well (None) or one fails (their exit codes); raise if one falls silent.
+def _wait_for_ranks(processes, out_dir, silence_s, servers=()):
+    """Wait until all ranks end well (None) or one fails (their exit codes); raise if one falls silent or a server ends.
 
     Defined in :numref:`sec_process_groups`"""
     seen, checked = {}, time.monotonic()  # rank: (heartbeat, when it changed)
@@ -1154,6 +1163,11 @@ def _wait_for_ranks(processes, out_dir, silence_s):
         codes = [process.exitcode for process in processes]
         if all(code == 0 for code in codes):
             return None
+        for server in servers:  # MXNet's: they end well after the workers
+            if server.exitcode not in (None, 0):
+                raise RuntimeError(
+                    f'a parameter-server process ended (exit code '
+                    f'{server.exitcode}) while the workers still ran')
         if any(code not in (None, 0) for code in codes):
             # A peer's death may show a moment after the error it caused.
             running = [p.sentinel for p in processes if p.exitcode is None]
@@ -1177,7 +1191,8 @@ def _wait_for_ranks(processes, out_dir, silence_s):
                     f'for {silence_s:g} s (stopped, or hung holding Python\'s '
                     f'lock), so all ranks were stopped; if it needs longer, '
                     f'pass a larger silence_s to spawn_ranks')
-        multiprocessing.connection.wait([p.sentinel for p in processes], 0.2)
+        multiprocessing.connection.wait(
+            [p.sentinel for p in [*processes, *servers]], 0.2)
 
 def _group_from_env(rank, world_size, init_method):
     """Check a rank and world size against the group that spawn or launch described in the environment.

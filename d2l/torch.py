@@ -1007,7 +1007,7 @@ def _stop_processes(processes, grace_s=3.0):
             process.kill()
             process.join()
 
-def _join_ranks(context, out_dir, world_size, silence_s):
+def _join_ranks(context, out_dir, world_size, silence_s, servers=()):
     """Wait for the processes of spawn_ranks; on a failure, a silent rank, an interrupt or SIGTERM stop them all.
 
     Defined in :numref:`sec_process_groups`"""
@@ -1017,9 +1017,10 @@ def _join_ranks(context, out_dir, world_size, silence_s):
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = in_main_thread and signal.signal(signal.SIGTERM, on_sigterm)
     try:
-        codes = _wait_for_ranks(context.processes, out_dir, silence_s)
+        codes = _wait_for_ranks(context.processes, out_dir, silence_s,
+                                servers)
     finally:  # KeyboardInterrupt, SystemExit from SIGTERM, a silent rank
-        _stop_processes(context.processes)
+        _stop_processes([*context.processes, *servers])
         if in_main_thread:
             signal.signal(signal.SIGTERM, previous)
     if codes is not None:
@@ -1033,8 +1034,8 @@ def _heartbeat(path):
         os.utime(path)
         time.sleep(1.0)
 
-def _wait_for_ranks(processes, out_dir, silence_s):
-    """Wait until all ranks end well (None) or one fails (their exit codes); raise if one falls silent.
+def _wait_for_ranks(processes, out_dir, silence_s, servers=()):
+    """Wait until all ranks end well (None) or one fails (their exit codes); raise if one falls silent or a server ends.
 
     Defined in :numref:`sec_process_groups`"""
     seen, checked = {}, time.monotonic()  # rank: (heartbeat, when it changed)
@@ -1042,6 +1043,11 @@ def _wait_for_ranks(processes, out_dir, silence_s):
         codes = [process.exitcode for process in processes]
         if all(code == 0 for code in codes):
             return None
+        for server in servers:  # MXNet's: they end well after the workers
+            if server.exitcode not in (None, 0):
+                raise RuntimeError(
+                    f'a parameter-server process ended (exit code '
+                    f'{server.exitcode}) while the workers still ran')
         if any(code not in (None, 0) for code in codes):
             # A peer's death may show a moment after the error it caused.
             running = [p.sentinel for p in processes if p.exitcode is None]
@@ -1065,7 +1071,8 @@ def _wait_for_ranks(processes, out_dir, silence_s):
                     f'for {silence_s:g} s (stopped, or hung holding Python\'s '
                     f'lock), so all ranks were stopped; if it needs longer, '
                     f'pass a larger silence_s to spawn_ranks')
-        multiprocessing.connection.wait([p.sentinel for p in processes], 0.2)
+        multiprocessing.connection.wait(
+            [p.sentinel for p in [*processes, *servers]], 0.2)
 
 _ABANDONED = []  # models of failed groups, never freed (see _run_rank)
 

@@ -1,0 +1,182 @@
+"""MXNet's spawn_ranks (chapter_multi_gpu/process-groups.md): a parameter server instead of a group.
+
+Each scenario runs in a fresh Python process that leads its own process
+group under a hard deadline (the harness of test_process_groups.py), so a
+hang fails the test and kills everything the scenario started. The workers
+live in a small module written next to the scenario, as a reader's workers
+live in d2l: spawned processes must be able to import them.
+"""
+import os
+import pathlib
+import sys
+import textwrap
+import time
+
+import pytest
+
+from conftest import needs_mxnet
+from test_process_groups import (RESULT, finish, listening_addresses,
+                                 on_loopback, process_tree, result_of,
+                                 scenario_env, start)
+
+pytestmark = [needs_mxnet, pytest.mark.skipif(
+    not pathlib.Path('/proc/self/net/tcp').exists(), reason='Linux /proc')]
+
+WORKERS = '''
+import os, signal, time
+import numpy
+from mxnet import np
+import mxnet as mx
+
+LENGTHS = (1, 7, 1000003)  # 1000003 is above MXNet's bound for big arrays
+
+def push_sums(rank, world_size):
+    """Push (rank + 1) * arange(n) under one key per length; pull the sums."""
+    kv = mx.kv.create('dist_sync')
+    pulled = []
+    for key, n in enumerate(LENGTHS):
+        kv.init(key, np.zeros(n))
+        kv.push(key, np.arange(n, dtype='float32') * (rank + 1))
+        out = np.zeros(n)
+        kv.pull(key, out=out)
+        expected = numpy.arange(n, dtype='float32') * sum(
+            r + 1 for r in range(world_size))
+        pulled.append(float(numpy.abs(out.asnumpy() - expected).max()))
+    return {'rank': kv.rank, 'num_workers': kv.num_workers,
+            'largest_error': pulled}
+
+def raise_on_rank_1(rank, world_size, marker_dir):
+    """Rank 1 raises after joining the store; rank 0 then waits forever."""
+    kv = mx.kv.create('dist_sync')
+    open(os.path.join(marker_dir, f'pid{rank}'), 'w').write(str(os.getpid()))
+    if rank == 1:
+        raise ValueError('rank 1 cannot go on')
+    kv.init(0, np.zeros(3))
+    kv.push(0, np.ones(3))
+    out = np.zeros(3)
+    kv.pull(0, out=out)  # never returns: rank 1 pushes nothing
+    out.wait_to_read()
+
+def kill_rank_1(rank, world_size, marker_dir):
+    """Rank 1 is killed by SIGKILL after joining the store."""
+    kv = mx.kv.create('dist_sync')
+    open(os.path.join(marker_dir, f'pid{rank}'), 'w').write(str(os.getpid()))
+    if rank == 1:
+        open(os.path.join(marker_dir, 'killed'), 'w').write(repr(time.time()))
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(600)
+
+def hold_store(rank, world_size, marker_dir):
+    """Join the store, say so, and wait until the test has looked."""
+    kv = mx.kv.create('dist_sync')  # held: freeing it leaves the store
+    open(os.path.join(marker_dir, f'ready{rank}'), 'w').close()
+    deadline = time.monotonic() + 120
+    while not os.path.exists(os.path.join(marker_dir, 'leave')):
+        assert time.monotonic() < deadline, 'the test never looked'
+        time.sleep(0.1)
+    return kv.rank
+'''
+
+
+def run(tmp_path, body, deadline_s=240):
+    """Run `body` (using d2l, ps_test_workers and report) in its own process group; return the process."""
+    (tmp_path / 'ps_test_workers.py').write_text(WORKERS)
+    code = textwrap.dedent(f'''
+        import json, os, time
+        import ps_test_workers
+        from d2l import mxnet as d2l
+        def report(value):
+            print({RESULT!r} + json.dumps(value), flush=True)
+        ''') + textwrap.dedent(body)
+    env = dict(scenario_env(), PYTHONPATH=f'{scenario_env()["PYTHONPATH"]}'
+               f'{os.pathsep}{tmp_path}')
+    return start([sys.executable, '-c', code], env=env)
+
+
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_one_two_and_three_workers_pull_the_exact_sum_of_their_pushes(
+        tmp_path):
+    proc = run(tmp_path, '''
+        report([d2l.spawn_ranks(ps_test_workers.push_sums, k)
+                for k in (1, 2, 3)])
+        ''')
+    runs = result_of(*finish(proc, 300), proc)
+    for k, ranks in zip((1, 2, 3), runs):
+        # ps-lite numbers workers by their ports; spawn_ranks orders those.
+        assert [r['rank'] for r in ranks] == list(range(k))
+        assert all(r['num_workers'] == k for r in ranks)
+        assert all(r['largest_error'] == [0.0, 0.0, 0.0] for r in ranks)
+
+
+def test_a_worker_that_raises_reaches_the_parent_with_its_rank_and_message(
+        tmp_path):
+    markers = tmp_path / 'markers'
+    markers.mkdir()
+    proc = run(tmp_path, f'''
+        try:
+            d2l.spawn_ranks(ps_test_workers.raise_on_rank_1, 2,
+                            {str(markers)!r})
+            report('no error')
+        except RuntimeError as err:
+            report(str(err))
+        ''')
+    message = result_of(*finish(proc, 180), proc)
+    assert message.startswith('rank 1 of 2 failed'), message[:2000]
+    assert 'ValueError: rank 1 cannot go on' in message
+    pids = [int((markers / f'pid{r}').read_text()) for r in (0, 1)]
+    assert not any(alive(pid) for pid in pids)
+
+
+def test_a_killed_worker_ends_the_run_within_seconds_leaving_no_process(
+        tmp_path):
+    markers = tmp_path / 'markers'
+    markers.mkdir()
+    proc = run(tmp_path, f'''
+        import multiprocessing
+        try:
+            d2l.spawn_ranks(ps_test_workers.kill_rank_1, 2, {str(markers)!r})
+            message = 'no error'
+        except RuntimeError as err:
+            message = str(err)
+        ended = time.time()
+        report([message, ended, len(multiprocessing.active_children())])
+        ''')
+    message, ended, children = result_of(*finish(proc, 180), proc)
+    assert message.startswith('rank 1 of 2 died (signal SIGKILL)'), \
+        message[:2000]
+    killed = float((markers / 'killed').read_text())
+    assert ended - killed < 10  # seconds from the kill to the error
+    assert children == 0  # no worker, scheduler or server outlived the call
+    pids = [int((markers / f'pid{r}').read_text()) for r in (0, 1)]
+    assert not any(alive(pid) for pid in pids)
+
+
+def test_scheduler_server_and_workers_listen_on_loopback_only(tmp_path):
+    markers = tmp_path / 'markers'
+    markers.mkdir()
+    proc = run(tmp_path, f'''
+        report(d2l.spawn_ranks(ps_test_workers.hold_store, 2,
+                               {str(markers)!r}))
+        ''')
+    try:
+        deadline = time.monotonic() + 180
+        while not all((markers / f'ready{r}').exists() for r in (0, 1)):
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, 'the workers never met'
+            time.sleep(0.1)
+        tree = process_tree(proc.pid)
+        listeners = listening_addresses(tree)
+    finally:
+        (markers / 'leave').write_text('')
+    assert result_of(*finish(proc, 120), proc) == [0, 1]
+    # scheduler, server and two workers each listen
+    assert len(listeners) >= 4, listeners
+    exposed = [(str(a), p) for a, p in listeners if not on_loopback(a)]
+    assert exposed == [], f'listening beyond loopback: {exposed}'
