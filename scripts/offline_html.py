@@ -108,6 +108,27 @@ def fix_header_links(html_dir, page):
         page.write_text(new)
 
 
+CITATION = '<div class="citation" '
+CITATION_LIST = '<div role="list" class="citation-list">'
+
+
+def fix_citation_list(page):
+    """Open the citation list whose closing tag the bibliography page already has.
+
+    With the pinned Sphinx 5.3 and docutils 0.19, docutils closes a list of
+    citations with `</div>` after its last entry, but Sphinx's own HTML
+    translator never writes the matching opening tag. The unpaired tag
+    closes the theme's page column early: the table of contents and the
+    Previous/Next bar leave their places. Adding the opening tag (once)
+    balances the page.
+    """
+    text = page.read_text()
+    if CITATION not in text or CITATION_LIST in text:
+        return
+    first = text.index(CITATION)
+    page.write_text(text[:first] + CITATION_LIST + '\n' + text[first:])
+
+
 def prune_theme_variants(html_dir):
     """Delete the Material Design Lite colour variants that no page links."""
     folder = html_dir / '_static' / 'material-design-lite-1.3.0'
@@ -159,6 +180,7 @@ def make_offline(html_dir):
     prune_theme_variants(html_dir)
     for page in html_dir.rglob('*.html'):
         fix_header_links(html_dir, page)
+        fix_citation_list(page)
     found = remote_loads(html_dir)
     if found:
         lines = '\n'.join(f'  {p.relative_to(html_dir)}: {u}' for p, u in found[:20])
