@@ -1090,6 +1090,90 @@ def _push_pull_demo(rank, world_size):
     return {'rank': kv.rank, 'num_workers': kv.num_workers,
             'pid': os.getpid(), 'sum': float(total[0])}
 
+def fashion_mnist_tensors(split):
+    """Images and labels of a Fashion-MNIST split as arrays (the quick subset in quick mode).
+
+    Defined in :numref:`sec_ddp`"""
+    images, labels = fashion_mnist_arrays(split, quick_mode(num_gpus()))
+    return np.array(images), np.array(labels, dtype='int32')
+
+def _small_mlp(seed):
+    """A two-layer perceptron for 28x28 images, initialised from `seed`; no batch norm.
+
+    Defined in :numref:`sec_ddp`"""
+    mx.random.seed(seed)
+    net = nn.Sequential()
+    net.add(nn.Dense(64, activation='relu', in_units=784),
+            nn.Dense(10, in_units=64))
+    net.initialize(init.Xavier())
+    return net
+
+def flat_parameters(net):
+    """All parameters of `net` in one flat NumPy vector, in registration order.
+
+    Defined in :numref:`sec_ddp`"""
+    return onp.concatenate([p.data().asnumpy().reshape(-1)
+                            for p in net.collect_params().values()])
+
+def _sgd(net, lr, momentum=0.0, kvstore='device'):
+    """A Gluon trainer for SGD (with `momentum`) over the parameters of `net`.
+
+    Defined in :numref:`sec_ddp`"""
+    d2l._check_rate(lr, 'lr')
+    d2l._check_rate(momentum, 'momentum', below=1)
+    return gluon.Trainer(net.collect_params(), 'sgd',
+                         {'learning_rate': lr, 'momentum': momentum},
+                         kvstore=kvstore)
+
+def shard_of_batch(X, y, step, rank, world_size, batch_size):
+    """Rank `rank`'s `batch_size` examples of global minibatch `step`, wrapping around the data.
+
+    Defined in :numref:`sec_ddp`"""
+    d2l._check_rank(rank, world_size)
+    d2l._check_count(step, 'step')
+    d2l._check_positive_int(batch_size, 'batch_size')
+    start = (step * world_size + rank) * batch_size
+    idx = np.arange(start, start + batch_size) % len(y)
+    return X[idx], y[idx]
+
+def sgd_on_shards(net, optimizer, rank, world_size, num_steps, batch_size,
+                  device):
+    """Take `num_steps` optimizer steps, rank `rank` training on its shard of each global minibatch.
+
+    Defined in :numref:`sec_ddp`"""
+    d2l._check_count(num_steps, 'num_steps')
+    X, y = fashion_mnist_tensors('train')
+    loss = gluon.loss.SoftmaxCrossEntropyLoss()
+    for step in range(num_steps):
+        X_shard, y_shard = shard_of_batch(X, y, step, rank, world_size,
+                                          batch_size)
+        with autograd.record():
+            l = loss(net(X_shard.as_in_ctx(device)), y_shard.as_in_ctx(device))
+        l.backward()
+        optimizer.step(batch_size * world_size)  # the global minibatch
+        d2l._check_loss(l.mean(), f'step {step + 1}')
+
+def ddp_sgd_steps(rank, world_size, init_method, num_steps, batch_size, lr):
+    """Worker of a parameter server job: `num_steps` of SGD on `_small_mlp`, `batch_size` examples per rank; returns the parameters.
+
+    Defined in :numref:`sec_ddp`"""
+    if init_method != 'env://':
+        raise ValueError(f"init_method must be 'env://' in MXNet, whose "
+                         f'workers read the job from the environment; got '
+                         f'{init_method!r}')
+    net = _small_mlp(seed=0)  # the same start on every worker: see above
+    sgd_on_shards(net, _sgd(net, lr, kvstore='dist_sync'), rank, world_size,
+                  num_steps, batch_size, mx.cpu())
+    return flat_parameters(net)
+
+def sgd_steps_one_process(num_steps, batch_size, lr):
+    """The same SGD in this process alone, on minibatches of `batch_size`, from rank 0's start.
+
+    Defined in :numref:`sec_ddp`"""
+    net = _small_mlp(seed=0)
+    sgd_on_shards(net, _sgd(net, lr), 0, 1, num_steps, batch_size, mx.cpu())
+    return flat_parameters(net)
+
 import math
 
 def _check_per_device(data, name):

@@ -469,7 +469,7 @@ SWEEP = [
     Sweep('local_batch_size', MULTI, lambda d2l, fw: (
         d2l.local_batch_size, dict(batch_size=32, world_size=2)),
         {'batch_size': 'count', 'world_size': 'count'}, True),
-    Sweep('shard_of_batch', MULTI, lambda d2l, fw: (d2l.shard_of_batch, dict(
+    Sweep('shard_of_batch', ALL, lambda d2l, fw: (d2l.shard_of_batch, dict(
         X=images(fw, 8), y=labels(fw, range(8)), step=1, rank=1, world_size=2,
         batch_size=2)),
         {'step': 'count0', 'rank': 'count0', 'world_size': 'count',
@@ -478,7 +478,7 @@ SWEEP = [
         d2l.sgd_on_shards, small_net_args(d2l)),
         {'num_steps': 'count0', 'batch_size': 'count', 'rank': 'count0',
          'world_size': 'count'}, True),
-    Sweep('sgd_steps_one_process', MULTI, lambda d2l, fw: (
+    Sweep('sgd_steps_one_process', ALL, lambda d2l, fw: (
         d2l.sgd_steps_one_process, dict(num_steps=1, batch_size=4, lr=0.1)),
         {'num_steps': 'count0', 'batch_size': 'count', 'lr': 'rate'}, True),
     Sweep('train_ddp', MULTI, lambda d2l, fw: (d2l.train_ddp, dict(

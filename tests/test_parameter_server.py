@@ -180,3 +180,19 @@ def test_scheduler_server_and_workers_listen_on_loopback_only(tmp_path):
     assert len(listeners) >= 4, listeners
     exposed = [(str(a), p) for a, p in listeners if not on_loopback(a)]
     assert exposed == [], f'listening beyond loopback: {exposed}'
+
+
+def test_two_workers_through_dist_sync_take_one_process_s_sgd_steps(tmp_path):
+    proc = run(tmp_path, '''
+        import numpy as np
+        ranks = d2l.spawn_ranks(d2l.ddp_sgd_steps, 2, 'env://', 3, 16, 0.1)
+        alone = d2l.sgd_steps_one_process(3, 32, 0.1)
+        start = d2l.sgd_steps_one_process(0, 16, 0.1)
+        report([float(np.abs(alone - start).max()),
+                float(np.abs(ranks[0] - ranks[1]).max()),
+                float(np.abs(ranks[0] - alone).max())])
+        ''')
+    moved, between, off = result_of(*finish(proc, 240), proc)
+    assert moved > 1e-3  # the steps changed the weights
+    assert between == 0.0  # both workers pulled the same weights
+    assert off < 1e-6  # the same steps as one process, up to rounding
