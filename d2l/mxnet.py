@@ -1116,7 +1116,7 @@ def flat_parameters(net):
                             for p in net.collect_params().values()])
 
 def _sgd(net, lr, momentum=0.0, kvstore='device'):
-    """A Gluon trainer for SGD (with `momentum`) over the parameters of `net`.
+    """A Gluon trainer for SGD (with `momentum`) over the parameters of `net`, exchanging through `kvstore` (a type or a store).
 
     Defined in :numref:`sec_ddp`"""
     d2l._check_rate(lr, 'lr')
@@ -1173,6 +1173,85 @@ def sgd_steps_one_process(num_steps, batch_size, lr):
     net = _small_mlp(seed=0)
     sgd_on_shards(net, _sgd(net, lr), 0, 1, num_steps, batch_size, mx.cpu())
     return flat_parameters(net)
+
+def _timed_step(net, trainer, X, y):
+    """Seconds that one training step of `net` on (X, y) takes, exchange included.
+
+    Defined in :numref:`sec_ddp`"""
+    began = time.perf_counter()
+    with autograd.record():
+        l = gluon.loss.SoftmaxCrossEntropyLoss()(net(X), y)
+    l.backward()
+    trainer.step(2 * X.shape[0])  # two workers' shards
+    net[0].weight.data().wait_to_read()  # the pull has arrived
+    return time.perf_counter() - began
+
+def _skew_demo(rank, world_size, init_method, delay_s, report_dir):
+    """Time steps through dist_sync while rank 1 is late once and then leaves; write each rank's timings.
+
+    Defined in :numref:`sec_ddp`"""
+    net = _small_mlp(seed=0)
+    trainer = _sgd(net, 0.1, kvstore='dist_sync')
+    X, y = shard_of_batch(*fashion_mnist_tensors('train'), 0, rank,
+                          world_size, 32)
+    for _ in range(3):
+        _timed_step(net, trainer, X, y)  # the first steps set things up
+    seen = {'all on time': _timed_step(net, trainer, X, y)}
+    if rank == 1:
+        time.sleep(delay_s)
+    seen['rank 1 late'] = _timed_step(net, trainer, X, y)
+    seen['last step began at'] = time.time()
+    with open(os.path.join(report_dir, f'rank{rank}.pkl'), 'wb') as f:
+        pickle.dump(seen, f)
+    if rank == 1:
+        os._exit(1)  # leave now, without a word to the store
+    _timed_step(net, trainer, X, y)  # waits for rank 1's push: forever
+
+def _checkpoint_demo(rank, world_size, init_method, path):
+    """Train, save on rank 0, load into a fresh model on every rank; return the parameters before and after.
+
+    Defined in :numref:`sec_ddp`"""
+    kv = mx.kv.create('dist_sync')  # kept, for the barrier below
+    net = _small_mlp(seed=0)
+    sgd_on_shards(net, _sgd(net, 0.1, momentum=0.9, kvstore=kv), rank,
+                  world_size, 3, 32, mx.cpu())
+    if rank == 0:  # the copies are equal, so one writer suffices
+        net.save_parameters(path)
+    kv.init(10**6, np.zeros(1))  # a new key: waits for every worker
+    fresh = _small_mlp(seed=100 + rank)
+    before = flat_parameters(fresh)
+    fresh.load_parameters(path, ctx=mx.cpu())
+    return {'trained': flat_parameters(net), 'before': before,
+            'after': flat_parameters(fresh)}
+
+class _TwoDeviceMLP(nn.Block):
+    """`_small_mlp` cut in two: the hidden layer on devices[0], the output layer on devices[1].
+
+    Defined in :numref:`sec_ddp`"""
+    def __init__(self, devices, seed):
+        super().__init__()
+        self.devices = devices
+        self.lower = nn.Dense(64, activation='relu', in_units=784)
+        self.upper = nn.Dense(10, in_units=64)
+        mx.random.seed(seed)  # same draws, in the same order, as _small_mlp
+        self.lower.initialize(init.Xavier(), ctx=devices[0])
+        self.upper.initialize(init.Xavier(), ctx=devices[1])
+
+    def forward(self, X):
+        hidden = self.lower(X.as_in_ctx(self.devices[0]))
+        return self.upper(hidden.as_in_ctx(self.devices[1]))
+
+def model_parallel_ddp_steps(rank, world_size, init_method, num_steps,
+                             batch_size, lr):
+    """Worker of a parameter server job whose model is cut into two parts; returns its devices and parameters.
+
+    Defined in :numref:`sec_ddp`"""
+    devices = [mx.cpu(), mx.cpu()]  # see the text: one context for both
+    net = _TwoDeviceMLP(devices, seed=0)  # the same start on every worker
+    sgd_on_shards(net, _sgd(net, lr, kvstore='dist_sync'), rank, world_size,
+                  num_steps, batch_size, devices[0])
+    return {'devices': [str(d) for d in devices],
+            'parameters': flat_parameters(net)}
 
 import math
 

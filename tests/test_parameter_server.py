@@ -196,3 +196,24 @@ def test_two_workers_through_dist_sync_take_one_process_s_sgd_steps(tmp_path):
     assert moved > 1e-3  # the steps changed the weights
     assert between == 0.0  # both workers pulled the same weights
     assert off < 1e-6  # the same steps as one process, up to rounding
+
+
+def test_a_checkpoint_and_a_model_in_two_parts_keep_the_one_process_result(
+        tmp_path):
+    proc = run(tmp_path, f'''
+        import numpy as np
+        path = os.path.join({str(tmp_path)!r}, 'checkpoint')
+        saved = d2l.spawn_ranks(d2l._checkpoint_demo, 2, 'env://', path)
+        parts = d2l.spawn_ranks(d2l.model_parallel_ddp_steps, 2, 'env://', 3,
+                                16, 0.1)
+        alone = d2l.sgd_steps_one_process(3, 32, 0.1)
+        report([[float(np.abs(r['after'] - saved[0]['trained']).max())
+                 for r in saved],
+                [float(np.abs(r['before'] - saved[0]['trained']).max())
+                 for r in saved],
+                [float(np.abs(r['parameters'] - alone).max()) for r in parts]])
+        ''')
+    loaded, fresh, split = result_of(*finish(proc, 240), proc)
+    assert loaded == [0.0, 0.0]  # every rank loads rank 0's weights exactly
+    assert min(fresh) > 1e-3  # and they differ from a fresh model's
+    assert max(split) < 1e-6  # two parts compute what one process does
