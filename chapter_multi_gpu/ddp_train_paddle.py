@@ -30,6 +30,12 @@ def main():
                              "PaddlePaddle's Gloo has no timeout) "
                              '(default: %(default)g)')
     args = parser.parse_args()
+    try:  # before any process waits for another
+        d2l._check_positive_int(args.epochs, '--epochs')
+        d2l._check_positive_int(args.batch_size, '--batch-size')
+        d2l._check_rate(args.lr, '--lr')
+    except ValueError as err:
+        parser.error(str(err))
     if not 0 < args.timeout < float('inf'):
         parser.error(f'--timeout must be a positive number of seconds, '
                      f'got {args.timeout}')

@@ -741,3 +741,20 @@ def test_a_subset_larger_than_the_data_is_refused(d2l, monkeypatch):
     monkeypatch.setenv('D2L_SUBSET', '999999,1')
     with pytest.raises(ValueError, match='has 6000; ask for at most'):
         d2l.fashion_mnist_arrays('train', False)
+
+
+# ---------------------------------------------------------------- launcher scripts
+
+@pytest.mark.parametrize('framework', MULTI, indirect=True)
+@pytest.mark.parametrize('argv, fragment', [
+    (['--lr', 'nan'], '--lr must be a finite non-negative number, got nan'),
+    (['--epochs', '0'], '--epochs must be a positive integer, got 0')])
+def test_a_launcher_script_refuses_a_bad_argument_in_one_line(
+        framework, d2l, argv, fragment):
+    import subprocess
+    import sys
+    script = d2l.ddp_script_path(MODULES[framework])
+    run = subprocess.run([sys.executable, script,
+                          *argv], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2, run.stderr[-2000:]  # argparse's usage error
+    assert fragment in run.stderr and 'Traceback' not in run.stderr
