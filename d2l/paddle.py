@@ -797,6 +797,15 @@ def _quiet_spawn():
             if value is not None:
                 os.environ[key] = value
 
+def _spawn_failure(context, codes):
+    """The error of the first failed process of paddle.distributed.spawn.
+
+    Defined in :numref:`sec_multi_gpu_concise`"""
+    rank = next(r for r, code in enumerate(codes) if code not in (None, 0))
+    queue = context.error_queues[rank]
+    said = queue.get() if not queue.empty() else f'exit code {codes[rank]}'
+    return RuntimeError(f'process {rank} of {len(codes)} failed:\n{said}')
+
 def _check_spawn_args(net_fn, devices, batch_size, lr, num_epochs):
     """Reject arguments of train_concise_spawn that cannot work, saying which.
 
@@ -829,11 +838,12 @@ def train_concise_spawn(net_fn, devices, batch_size, lr, num_epochs, seed=0):
                 d2l._train_concise_worker, nprocs=len(devices), join=False,
                 args=(net_fn, seed, num_epochs, batch_size, lr, folder),
                 **options)
-        try:
-            while not context.join():
-                pass
+        try:  # not context.join(): it can wait for good on a failed process
+            codes = d2l._wait_for_ranks(context.processes, folder, None)
         finally:  # after a failure or an interrupt, leave no process behind
             d2l._stop_processes(context.processes)  # SIGKILL if SIGTERM fails
+        if codes is not None:
+            raise d2l._spawn_failure(context, codes)
         records = [queue.get() for queue in context.return_queues]
         paddle.seed(seed)
         net = net_fn()
