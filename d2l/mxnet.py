@@ -53,7 +53,7 @@ def try_gpus(num_devices):
         return [mx.cpu(i) for i in range(num_devices)]
     return [mx.gpu(i) for i in range(min(g, num_devices))]
 
-def describe_devices(devices, num_asked=None):
+def describe_devices(devices, num_asked=None, processes=False):
     """One line saying which devices were chosen and why, for training logs.
 
     Defined in :numref:`sec_helpers`"""
@@ -61,6 +61,9 @@ def describe_devices(devices, num_asked=None):
     k = len(devices)
     if not any(gpu):
         where = 'no GPU found' if num_gpus() == 0 else 'GPUs not used'
+        if processes:
+            return (f'{k} process{"es" if k > 1 else ""} on the CPU, one '
+                    f'core each ({where})')
         copies = f'{k} cop{"y" if k == 1 else "ies"} of the model'
         place = 'the CPU' if len(set(names)) == 1 else ', '.join(names)
         return f'{copies} on {place} ({where})'
@@ -70,6 +73,39 @@ def describe_devices(devices, num_asked=None):
         return (f'{num_asked} devices asked, {found} GPU'
                 f'{"" if found == 1 else "s"} found: {line}')
     return f'{k} GPU{"" if k == 1 else "s"} ({found} found): {line}'
+
+def _pin_threads(core):
+    """Keep every thread of this process on core `core`, if the OS lets us.
+
+    Defined in :numref:`sec_helpers`"""
+    if not hasattr(os, 'sched_setaffinity'):  # macOS and Windows
+        return False
+    for thread in os.listdir('/proc/self/task'):
+        try:
+            os.sched_setaffinity(int(thread), {core})
+        except OSError:  # a thread that ended meanwhile
+            pass
+    return True
+
+def _usable_cores():
+    """The CPU cores this process may run on, in increasing order.
+
+    Defined in :numref:`sec_helpers`"""
+    if hasattr(os, 'sched_getaffinity'):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
+
+def use_one_core(local_rank):
+    """Give this process one thread on core number `local_rank`; return it.
+
+    Defined in :numref:`sec_helpers`"""
+    _check_count(local_rank, 'local_rank')
+    cores = _usable_cores()
+    core = cores[local_rank % len(cores)]
+    # MXNet fixes its thread count when imported: spawn_ranks starts the
+    # workers with OMP_NUM_THREADS=1.
+    _pin_threads(core)
+    return core
 
 class Timer:
     """Record wall-clock intervals between start() and stop()."""
@@ -758,6 +794,21 @@ def _check_timeout(timeout_s, name='timeout_s'):
         raise ValueError(f'{name} must be a positive number of seconds or '
                          f'None, got {timeout_s!r}')
 
+def ddp_device(local_rank, local_world_size):
+    """GPU `local_rank` if every worker on this machine gets its own GPU, else the CPU.
+
+    Defined in :numref:`sec_process_groups`"""
+    _check_rank(local_rank, local_world_size, 'local_rank')
+    if num_gpus() >= local_world_size:
+        return mx.gpu(local_rank)
+    return mx.cpu()
+
+def ddp_backend(device):
+    """How this book's MXNet workers exchange: a dist_sync parameter server.
+
+    Defined in :numref:`sec_process_groups`"""
+    return 'dist_sync'
+
 def free_port(host='127.0.0.1'):
     """Ask the operating system for a TCP port on `host` that nothing holds right now.
 
@@ -765,6 +816,40 @@ def free_port(host='127.0.0.1'):
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind((host, 0))  # port 0: let the system choose
         return probe.getsockname()[1]
+
+_STORES = []  # the store of the process_group this worker is in
+
+@contextlib.contextmanager
+def process_group(rank, world_size, init_method='env://', timeout_s=None,
+                  device=None, local_rank=None, local_world_size=None):
+    """Join the parameter-server job of the environment; yield the device.
+
+    Defined in :numref:`sec_process_groups`"""
+    _check_rank(rank, world_size)
+    _check_timeout(timeout_s)
+    if init_method != 'env://' or timeout_s is not None:
+        raise ValueError("MXNet's workers read the job from the environment "
+                         "and wait without a timeout: pass init_method="
+                         f"'env://' and timeout_s=None, got {init_method!r} "
+                         f'and {timeout_s!r}')
+    local_rank = rank if local_rank is None else local_rank
+    if device is None:
+        device = ddp_device(local_rank, local_world_size or world_size)
+    if device.device_type == 'cpu':
+        use_one_core(local_rank)  # a core is a device (sec_helpers)
+    kv = mx.kv.create('dist_sync')  # waits for all workers
+    if (kv.rank, kv.num_workers) != (rank, world_size):
+        raise ValueError(f'rank {rank} of world_size {world_size} does not '
+                         f'match the job, which says rank {kv.rank} of '
+                         f'{kv.num_workers}')
+    _STORES.append(kv)
+    try:
+        yield device
+    except BaseException:
+        _record_rank_failure(rank)  # before the others see only a lost peer
+        raise
+    finally:
+        _STORES.remove(kv)
 
 _launcher_timeout_s = None  # a launcher script's --timeout: launcher_deadline
 
@@ -992,10 +1077,13 @@ def spawn_ranks(worker, world_size, *args, silence_s=60.0):
     context = multiprocessing.get_context('spawn')
     with tempfile.TemporaryDirectory(prefix='d2l-ranks-') as out_dir:
         env, servers = _start_servers(context, world_size, out_dir)
+        # On a CPU a worker is one core (sec_helpers); MXNet reads this once.
+        threads = {} if num_gpus() else {'OMP_NUM_THREADS': '1'}
         workers = []
         try:  # ps-lite numbers the workers in the order of their ports
             for rank, port in enumerate(_free_ports(world_size)):
-                with _environment(env, DMLC_ROLE='worker', PORT=str(port)):
+                with _environment(env, DMLC_ROLE='worker', PORT=str(port),
+                                  **threads):
                     workers.append(context.Process(target=_run_rank, args=(
                         rank, worker, world_size, args, out_dir,
                         os.getpid())))
@@ -1252,6 +1340,175 @@ def model_parallel_ddp_steps(rank, world_size, init_method, num_steps,
                   num_steps, batch_size, devices[0])
     return {'devices': [str(d) for d in devices],
             'parameters': flat_parameters(net)}
+
+def local_batch_size(batch_size, world_size):
+    """Each process's share of a global minibatch of `batch_size`.
+
+    Defined in :numref:`sec_ddp_resnet`"""
+    d2l._check_positive_int(batch_size, 'batch_size')
+    d2l._check_positive_int(world_size, 'world_size')
+    if batch_size < world_size or batch_size % world_size:
+        below = max(world_size, batch_size - batch_size % world_size)
+        raise ValueError(
+            f'a global batch of {batch_size} cannot be shared equally by '
+            f'{world_size} processes; use a multiple of {world_size}, such as '
+            f'{below} or {below + world_size}')
+    return batch_size // world_size
+
+_manual_seed = mx.random.seed  # torch.manual_seed, paddle.seed
+
+class _DealtSampler(gluon.data.Sampler):
+    """Rank `rank`'s share of each epoch, shuffled alike on every rank.
+
+    Defined in :numref:`sec_ddp_resnet`"""
+    def __init__(self, num_examples, rank, world_size):
+        self.n, self.rank, self.world_size = num_examples, rank, world_size
+        self.per_rank, self.epoch = -(-num_examples // world_size), 0
+
+    def set_epoch(self, epoch):
+        """Shuffle with seed `epoch` from now on, as every rank does."""
+        self.epoch = epoch
+
+    def __iter__(self):
+        order = onp.random.RandomState(self.epoch).permutation(self.n)
+        order = onp.resize(order, self.per_rank * self.world_size)  # pad
+        return iter(order[self.rank::self.world_size].tolist())
+
+    def __len__(self):
+        return self.per_rank
+
+def _sharded_loader(rank, world_size, local_batch):
+    """This rank's loader over the training images, and its sampler.
+
+    Defined in :numref:`sec_ddp_resnet`"""
+    X, y = fashion_mnist_tensors('train')
+    sampler = _DealtSampler(len(y), rank, world_size)
+    data = gluon.data.ArrayDataset(X, y)
+    return gluon.data.DataLoader(data, local_batch, sampler=sampler), sampler
+
+_SUM_KEYS = itertools.count(10**6)  # keys that no Trainer uses
+
+def _share_rank0_statistics(net, world_size):
+    """Give every rank the batch-norm statistics of rank 0.
+
+    Defined in :numref:`sec_ddp_resnet`"""
+    for p in net.collect_params().values():
+        if p.grad_req == 'null':
+            key = next(_SUM_KEYS)
+            _STORES[-1].init(key, p.data())  # the store keeps rank 0's
+            _STORES[-1].pull(key, out=p.data())
+
+def _sum_over_ranks(values, device, world_size):
+    """Elementwise sums of a list of numbers over all ranks, as floats.
+
+    Defined in :numref:`sec_ddp_resnet`"""
+    key, totals = next(_SUM_KEYS), np.array(values, dtype='float64')
+    _STORES[-1].init(key, np.zeros_like(totals))
+    _STORES[-1].push(key, totals)  # the server adds up all pushes
+    _STORES[-1].pull(key, out=totals)
+    return totals.tolist()
+
+def evaluate_accuracy_ddp(net, device, rank, world_size, batch_size=256):
+    """Test accuracy of `net`, each rank scoring every world_size-th image.
+
+    Defined in :numref:`sec_ddp_resnet`"""
+    _share_rank0_statistics(net, world_size)
+    X, y = fashion_mnist_tensors('test')
+    X, y = X[rank::world_size], y[rank::world_size]  # no image counted twice
+    batches = [(X[i:i + batch_size], y[i:i + batch_size])
+               for i in range(0, len(y), batch_size)]
+    correct = round(evaluate_accuracy_gpu(net, batches, device) * len(y))
+    correct, n = _sum_over_ranks([correct, len(y)], device, world_size)
+    return correct / n
+
+def _ddp_epoch(net, optimizer, train_iter, device, world_size, epoch):
+    """One epoch on this rank's shards; return the mean loss over all ranks.
+
+    Defined in :numref:`sec_ddp_resnet`"""
+    loss, loss_sum, n = gluon.loss.SoftmaxCrossEntropyLoss(), 0.0, 0
+    for step, (X, y) in enumerate(train_iter):
+        with autograd.record():
+            l = loss(net(X.as_in_ctx(device)), y.as_in_ctx(device))
+        l.backward()
+        optimizer.step(len(y) * world_size)  # the global minibatch
+        where = f'epoch {epoch + 1}, step {step + 1}'
+        loss_sum += d2l._check_loss(l.mean(), where) * len(y)
+        n += len(y)
+    loss_sum, n = _sum_over_ranks([loss_sum, n], device, world_size)
+    return loss_sum / n
+
+def warmup_cosine_lr(lr, epoch, num_epochs, warmup=0, start=0.0):
+    """Rate of `epoch`: from `start` up to `lr` in `warmup` epochs, then down.
+
+    Defined in :numref:`sec_ddp_resnet`"""
+    d2l._check_count(warmup, 'warmup')
+    d2l._check_rate(start, 'start')
+    d2l._require(warmup < num_epochs, f'warmup must be below num_epochs, '
+                 f'got warmup={warmup!r}, num_epochs={num_epochs!r}')
+    if epoch < warmup:
+        return start + (lr - start) * epoch / warmup
+    return cosine_lr(lr, epoch - warmup, num_epochs - warmup)
+
+def _ddp_epochs(net, model, optimizer, loader, device, rank, world_size,
+                num_epochs, lr, warmup):
+    """The epochs of train_ddp, with a test after each; return a summary.
+
+    Defined in :numref:`sec_ddp_resnet`"""
+    (train_iter, sampler), timer = loader, Timer()
+    summary = {'rank': rank, 'world_size': world_size, 'device': str(device),
+               'backend': ddp_backend(device), 'train_loss': [],
+               'test_acc': [], 'epoch_s': []}
+    for epoch in range(num_epochs):
+        set_learning_rate(optimizer, warmup_cosine_lr(
+            lr, epoch, num_epochs, warmup, lr / world_size))
+        sampler.set_epoch(epoch)  # a new shuffle, the same on every rank
+        timer.start()
+        summary['train_loss'].append(_ddp_epoch(
+            net, optimizer, train_iter, device, world_size, epoch))
+        summary['epoch_s'].append(timer.stop())
+        summary['test_acc'].append(
+            evaluate_accuracy_ddp(model, device, rank, world_size))
+    summary['data'] = describe_mode(
+        quick_mode(num_gpus()), *(len(fashion_mnist_tensors(split)[1])
+                                  for split in ('train', 'test')))
+    return summary
+
+def train_ddp(rank, world_size, init_method, num_epochs, batch_size, lr,
+              local_rank=None, local_world_size=None, warmup=0):
+    """Train d2l.resnet18 on Fashion-MNIST at global batch `batch_size`.
+
+    Defined in :numref:`sec_ddp_resnet`"""
+    d2l._check_positive_int(num_epochs, 'num_epochs')
+    d2l._check_rate(lr, 'lr')
+    local_batch = local_batch_size(batch_size, world_size)
+    with process_group(rank, world_size, init_method, local_rank=local_rank,
+                       local_world_size=local_world_size) as device:
+        loader = _sharded_loader(rank, world_size, local_batch)
+        _manual_seed(0)
+        net = resnet18(10)
+        net.initialize(init.Xavier(), ctx=device)
+        # The workers add up gradients in the store and update alike.
+        trainer = gluon.Trainer(net.collect_params(), 'sgd',
+                                {'learning_rate': lr}, kvstore=_STORES[-1],
+                                update_on_kvstore=False)
+        return _ddp_epochs(net, net, trainer, loader, device, rank,
+                           world_size, num_epochs, lr, warmup)
+
+def describe_ddp_run(summary):
+    """A few lines about a distributed training run, from a rank's summary.
+
+    Defined in :numref:`sec_ddp_resnet`"""
+    if not summary.get('epoch_s'):
+        raise ValueError('summary holds no epoch: pass what train_ddp '
+                         'returned for num_epochs of at least 1')
+    s = summary
+    losses = ', '.join(f'{l:.3f}' for l in s['train_loss'])
+    accuracies = ', '.join(f'{a:.3f}' for a in s['test_acc'])
+    return (f'{s["world_size"]} process(es), {s["backend"]}, rank '
+            f'{s["rank"]} on {s["device"]}\n{s["data"]}\n'
+            f'training loss per epoch: {losses}\n'
+            f'test accuracy per epoch: {accuracies}\n'
+            f'{sum(s["epoch_s"]) / len(s["epoch_s"]):.1f} s per epoch')
 
 import math
 

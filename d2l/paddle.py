@@ -53,7 +53,7 @@ def try_gpus(num_devices):
     # GPU places only when GPUs exist.
     return [paddle.CUDAPlace(i) for i in range(min(g, num_devices))]
 
-def describe_devices(devices, num_asked=None):
+def describe_devices(devices, num_asked=None, processes=False):
     """One line saying which devices were chosen and why, for training logs.
 
     Defined in :numref:`sec_helpers`"""
@@ -61,6 +61,9 @@ def describe_devices(devices, num_asked=None):
     k = len(devices)
     if not any(gpu):
         where = 'no GPU found' if num_gpus() == 0 else 'GPUs not used'
+        if processes:
+            return (f'{k} process{"es" if k > 1 else ""} on the CPU, one '
+                    f'core each ({where})')
         copies = f'{k} cop{"y" if k == 1 else "ies"} of the model'
         place = 'the CPU' if len(set(names)) == 1 else ', '.join(names)
         return f'{copies} on {place} ({where})'
@@ -70,6 +73,38 @@ def describe_devices(devices, num_asked=None):
         return (f'{num_asked} devices asked, {found} GPU'
                 f'{"" if found == 1 else "s"} found: {line}')
     return f'{k} GPU{"" if k == 1 else "s"} ({found} found): {line}'
+
+def _pin_threads(core):
+    """Keep every thread of this process on core `core`, if the OS lets us.
+
+    Defined in :numref:`sec_helpers`"""
+    if not hasattr(os, 'sched_setaffinity'):  # macOS and Windows
+        return False
+    for thread in os.listdir('/proc/self/task'):
+        try:
+            os.sched_setaffinity(int(thread), {core})
+        except OSError:  # a thread that ended meanwhile
+            pass
+    return True
+
+def _usable_cores():
+    """The CPU cores this process may run on, in increasing order.
+
+    Defined in :numref:`sec_helpers`"""
+    if hasattr(os, 'sched_getaffinity'):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
+
+def use_one_core(local_rank):
+    """Give this process one thread on core number `local_rank`; return it.
+
+    Defined in :numref:`sec_helpers`"""
+    _check_count(local_rank, 'local_rank')
+    cores = _usable_cores()
+    core = cores[local_rank % len(cores)]
+    paddle.base.core.set_num_threads(1)
+    _pin_threads(core)
+    return core
 
 class Timer:
     """Record wall-clock intervals between start() and stop()."""
@@ -974,9 +1009,8 @@ def process_group(rank, world_size, init_method='env://', timeout_s=None,
         device = ddp_device(local_rank, local_world_size)
     _set_group_timeout(timeout_s, device)
     paddle.set_device(device)
-    if ddp_backend(device) == 'gloo':  # the processes share the CPU's cores
-        paddle.base.core.set_num_threads(
-            max(1, (os.cpu_count() or 1) // local_world_size))
+    if ddp_backend(device) == 'gloo':
+        use_one_core(local_rank)  # a core is a device (sec_helpers)
     dist.init_parallel_env()
     try:
         yield device
@@ -1563,7 +1597,7 @@ def model_parallel_ddp_steps(rank, world_size, init_method, num_steps,
         return {'devices': devices, 'parameters': flat_parameters(net)}
 
 def local_batch_size(batch_size, world_size):
-    """Each process's share of a global minibatch of `batch_size`, which must split evenly.
+    """Each process's share of a global minibatch of `batch_size`.
 
     Defined in :numref:`sec_ddp_resnet`"""
     d2l._check_positive_int(batch_size, 'batch_size')
@@ -1607,7 +1641,7 @@ def _sum_over_ranks(values, device, world_size):
     return totals.tolist()
 
 def evaluate_accuracy_ddp(net, device, rank, world_size, batch_size=256):
-    """Test accuracy of `net` over all ranks: each scores every world_size-th image, then the counts are summed.
+    """Test accuracy of `net`, each rank scoring every world_size-th image.
 
     Defined in :numref:`sec_ddp_resnet`"""
     _share_rank0_statistics(net, world_size)
@@ -1620,7 +1654,7 @@ def evaluate_accuracy_ddp(net, device, rank, world_size, batch_size=256):
     return correct / n
 
 def _ddp_epoch(net, optimizer, train_iter, device, world_size, epoch):
-    """One epoch on this rank's shards; return the mean training loss over all ranks.
+    """One epoch on this rank's shards; return the mean loss over all ranks.
 
     Defined in :numref:`sec_ddp_resnet`"""
     net.train()
@@ -1652,9 +1686,45 @@ def _batch_norm_statistics_demo(rank, world_size, init_method, num_steps):
         dist.broadcast(norm._mean, src=0)
         return trained, norm._mean.numpy()
 
+def warmup_cosine_lr(lr, epoch, num_epochs, warmup=0, start=0.0):
+    """Rate of `epoch`: from `start` up to `lr` in `warmup` epochs, then down.
+
+    Defined in :numref:`sec_ddp_resnet`"""
+    d2l._check_count(warmup, 'warmup')
+    d2l._check_rate(start, 'start')
+    d2l._require(warmup < num_epochs, f'warmup must be below num_epochs, '
+                 f'got warmup={warmup!r}, num_epochs={num_epochs!r}')
+    if epoch < warmup:
+        return start + (lr - start) * epoch / warmup
+    return cosine_lr(lr, epoch - warmup, num_epochs - warmup)
+
+def _ddp_epochs(net, model, optimizer, loader, device, rank, world_size,
+                num_epochs, lr, warmup):
+    """The epochs of train_ddp, with a test after each; return a summary.
+
+    Defined in :numref:`sec_ddp_resnet`"""
+    (train_iter, sampler), timer = loader, Timer()
+    summary = {'rank': rank, 'world_size': world_size, 'device': str(device),
+               'backend': ddp_backend(device), 'train_loss': [],
+               'test_acc': [], 'epoch_s': []}
+    for epoch in range(num_epochs):
+        set_learning_rate(optimizer, warmup_cosine_lr(
+            lr, epoch, num_epochs, warmup, lr / world_size))
+        sampler.set_epoch(epoch)  # a new shuffle, the same on every rank
+        timer.start()
+        summary['train_loss'].append(_ddp_epoch(
+            net, optimizer, train_iter, device, world_size, epoch))
+        summary['epoch_s'].append(timer.stop())
+        summary['test_acc'].append(
+            evaluate_accuracy_ddp(model, device, rank, world_size))
+    summary['data'] = describe_mode(
+        quick_mode(num_gpus()), *(len(fashion_mnist_tensors(split)[1])
+                                  for split in ('train', 'test')))
+    return summary
+
 def train_ddp(rank, world_size, init_method, num_epochs, batch_size, lr,
-              local_rank=None, local_world_size=None):
-    """Train d2l.resnet18 on Fashion-MNIST with DDP at global batch `batch_size`; return a summary.
+              local_rank=None, local_world_size=None, warmup=0):
+    """Train d2l.resnet18 on Fashion-MNIST at global batch `batch_size`.
 
     Defined in :numref:`sec_ddp_resnet`"""
     d2l._check_positive_int(num_epochs, 'num_epochs')
@@ -1662,41 +1732,29 @@ def train_ddp(rank, world_size, init_method, num_epochs, batch_size, lr,
     local_batch = local_batch_size(batch_size, world_size)
     with process_group(rank, world_size, init_method, local_rank=local_rank,
                        local_world_size=local_world_size) as device:
-        train_iter, sampler = _sharded_loader(rank, world_size, local_batch)
+        loader = _sharded_loader(rank, world_size, local_batch)
         _manual_seed(0)
         model = resnet18(10)
         net = _wrap_ddp(model, device)
-        optimizer, timer = _sgd(net, lr), Timer()
-        summary = {'rank': rank, 'world_size': world_size, 'device': str(device),
-                   'backend': ddp_backend(device), 'train_loss': [], 'epoch_s': []}
-        for epoch in range(num_epochs):
-            set_learning_rate(optimizer, cosine_lr(lr, epoch, num_epochs))
-            sampler.set_epoch(epoch)  # a new shuffle, the same on every rank
-            timer.start()
-            summary['train_loss'].append(
-                _ddp_epoch(net, optimizer, train_iter, device, world_size,
-                           epoch))
-            summary['epoch_s'].append(timer.stop())
-        # The bare model: the wrapper might exchange buffers at each forward.
-        summary['test_acc'] = evaluate_accuracy_ddp(model, device, rank,
-                                                    world_size)
-        summary['data'] = describe_mode(quick_mode(num_gpus()),
-                                        len(sampler.dataset),
-                                        len(fashion_mnist_tensors('test')[1]))
-        return summary
+        # Tests use the bare model: the wrapper may exchange buffers.
+        return _ddp_epochs(net, model, _sgd(net, lr), loader, device, rank,
+                           world_size, num_epochs, lr, warmup)
 
 def describe_ddp_run(summary):
-    """A few lines about a distributed training run, from one rank's summary.
+    """A few lines about a distributed training run, from a rank's summary.
 
     Defined in :numref:`sec_ddp_resnet`"""
     if not summary.get('epoch_s'):
         raise ValueError('summary holds no epoch: pass what train_ddp '
                          'returned for num_epochs of at least 1')
-    s, losses = summary, ', '.join(f'{l:.3f}' for l in summary['train_loss'])
-    return (f'{s["world_size"]} processes, backend {s["backend"]}, rank '
-            f'{s["rank"]} on {s["device"]}\n{s["data"]}\ntraining loss per '
-            f'epoch: {losses}\ntest accuracy {s["test_acc"]:.3f}, '
-            f'{sum(s["epoch_s"]) / len(s["epoch_s"]):.1f} s/epoch on rank {s["rank"]}')
+    s = summary
+    losses = ', '.join(f'{l:.3f}' for l in s['train_loss'])
+    accuracies = ', '.join(f'{a:.3f}' for a in s['test_acc'])
+    return (f'{s["world_size"]} process(es), {s["backend"]}, rank '
+            f'{s["rank"]} on {s["device"]}\n{s["data"]}\n'
+            f'training loss per epoch: {losses}\n'
+            f'test accuracy per epoch: {accuracies}\n'
+            f'{sum(s["epoch_s"]) / len(s["epoch_s"]):.1f} s per epoch')
 
 import math
 

@@ -481,7 +481,10 @@ SWEEP = [
     Sweep('sgd_steps_one_process', ALL, lambda d2l, fw: (
         d2l.sgd_steps_one_process, dict(num_steps=1, batch_size=4, lr=0.1)),
         {'num_steps': 'count0', 'batch_size': 'count', 'lr': 'rate'}, True),
-    Sweep('train_ddp', MULTI, lambda d2l, fw: (d2l.train_ddp, dict(
+    Sweep('warmup_cosine_lr', ALL, lambda d2l, fw: (d2l.warmup_cosine_lr,
+        dict(lr=0.1, epoch=0, num_epochs=3, warmup=1, start=0.05)),
+        {'warmup': 'count0', 'start': 'rate'}, True),
+    Sweep('train_ddp', ALL, lambda d2l, fw: (d2l.train_ddp, dict(
         rank=0, world_size=1, init_method='env://', num_epochs=1,
         batch_size=32, lr=0.1)),
         {'num_epochs': 'count', 'batch_size': 'count', 'lr': 'rate',
@@ -642,7 +645,6 @@ def test_a_ddp_epoch_with_a_nan_loss_names_epoch_and_step(framework, d2l,
         d2l._ddp_epoch(net, d2l._sgd(net, 0.1), [batch], 'cpu', 1, 2)
 
 
-@pytest.mark.parametrize('framework', MULTI, indirect=True)
 def test_a_summary_of_no_epochs_is_refused(framework, d2l):
     summary = {'rank': 0, 'world_size': 1, 'device': 'cpu', 'data': '',
                'backend': 'gloo', 'train_loss': [], 'epoch_s': [],

@@ -36,31 +36,63 @@ def test_dealing_an_epoch_by_hand_equals_the_distributed_sampler(num_examples,
     assert set(dealt) == set(data)  # every example, some twice
 
 
-def test_uneven_global_batch_is_rejected_with_a_suggestion(ddp):
-    assert ddp.local_batch_size(512, 2) == 256
-    assert ddp.local_batch_size(6, 6) == 1
+def test_uneven_global_batch_is_rejected_with_a_suggestion(d2l):
+    assert d2l.local_batch_size(512, 2) == 256
+    assert d2l.local_batch_size(6, 6) == 1
     with pytest.raises(ValueError, match='multiple of 3, such as 99 or 102'):
-        ddp.local_batch_size(100, 3)
+        d2l.local_batch_size(100, 3)
     with pytest.raises(ValueError, match='multiple of 4, such as 4 or 8'):
-        ddp.local_batch_size(2, 4)
+        d2l.local_batch_size(2, 4)
+
+
+def test_the_rate_warms_up_from_the_one_process_rate_then_falls(d2l):
+    rates = [d2l.warmup_cosine_lr(0.2, e, 6, 1, 0.1) for e in range(6)]
+    assert rates[:2] == pytest.approx([0.1, 0.2])  # linear scaling for k=2
+    assert all(a > b for a, b in zip(rates[1:], rates[2:]))  # then falls
+    assert rates == pytest.approx([0.1] + [d2l.cosine_lr(0.2, e, 5)
+                                           for e in range(5)])
+    assert d2l.warmup_cosine_lr(0.2, 3, 6) == d2l.cosine_lr(0.2, 3, 6)
+    with pytest.raises(ValueError, match='warmup must be below num_epochs'):
+        d2l.warmup_cosine_lr(0.2, 0, 2, 2, 0.1)
+
+
+def test_the_mxnet_sampler_deals_an_epoch_like_the_distributed_sampler(
+        framework, d2l):
+    if framework != 'mxnet':
+        pytest.skip('PyTorch and PaddlePaddle ship their own samplers')
+    deal = page_deal()
+    for rank in range(3):
+        sampler = d2l._DealtSampler(10, rank, 3)
+        order = list(sampler)
+        assert len(order) == len(sampler) == len(deal(10, rank, 3))
+    dealt = [i for r in range(3) for i in d2l._DealtSampler(10, r, 3)]
+    assert set(dealt) == set(range(10))  # every example, some twice
+    again = d2l._DealtSampler(10, 0, 3)
+    again.set_epoch(1)
+    assert list(again) != list(d2l._DealtSampler(10, 0, 3))  # reshuffled
 
 
 # ---- Real processes talking through Gloo on the CPU. ----
 
 @pytest.mark.slow
-def test_every_rank_reports_the_accuracy_over_all_test_images(ddp, framework):
+def test_one_and_two_processes_train_and_every_rank_reports_one_accuracy(
+        d2l, framework):
     init = ('d2l.local_init_method()' if framework == 'pytorch'
             else "'env://'")
-    ranks = run_scenario(framework, f"""
-        ranks = d2l.spawn_ranks(d2l.train_ddp, 2, {init}, 1, 64, 0.1)
-        report([[r['test_acc'], r['train_loss'], r['world_size']] for r in ranks])
+    runs = run_scenario(framework, f"""
+        runs = [d2l.spawn_ranks(d2l.train_ddp, k, {init}, 1, 32 * k, 0.1 * k)
+                for k in (1, 2)]
+        report([[[r['test_acc'], r['train_loss'], r['world_size'],
+                  len(r['epoch_s'])] for r in ranks] for ranks in runs])
         """)
-    (acc0, loss0, k0), (acc1, loss1, k1) = ranks
-    assert (k0, k1) == (2, 2)
-    assert acc0 == acc1  # the counts of both ranks, summed
-    n_test = len(ddp.fashion_mnist_tensors('test')[1])
-    assert abs(acc0 * n_test - round(acc0 * n_test)) < 1e-9  # whole images
-    assert loss0 == loss1 and np.isfinite(loss0).all()  # averaged over ranks
+    (one,), (first, second) = runs
+    assert one[2:] == [1, 1] and first[2:] == second[2:] == [2, 1]
+    assert first[0] == second[0]  # the counts of both ranks, summed
+    n_test = len(d2l.fashion_mnist_tensors('test')[1])
+    for acc in one[0] + first[0]:  # one accuracy per epoch, whole images
+        assert abs(acc * n_test - round(acc * n_test)) < 1e-9
+    assert first[1] == second[1]  # losses averaged over ranks
+    assert np.isfinite(one[1] + first[1]).all()
 
 
 @pytest.mark.slow

@@ -478,3 +478,21 @@ def test_helpers_have_the_same_signature_in_every_framework():
         if name == 'Residual':  # Gluon blocks also take a prefix and params
             signatures = {s.replace(', **kwargs', '') for s in signatures}
         assert len(signatures) == 1, (name, signatures)
+
+
+@pytest.mark.skipif(not hasattr(os, 'sched_getaffinity'), reason='Linux only')
+def test_a_process_that_uses_one_core_runs_only_there(framework):
+    import subprocess
+    module = {'pytorch': 'torch', 'mxnet': 'mxnet', 'paddle': 'paddle'}
+    cores = sorted(os.sched_getaffinity(0))
+    code = (f'import os, threading\nfrom d2l import {module[framework]} as d2l\n'
+            'core = d2l.use_one_core(1)\n'
+            'print(core, *sorted({c for t in os.listdir("/proc/self/task") '
+            'for c in os.sched_getaffinity(int(t))}))\n')
+    out = subprocess.run([sys.executable, '-c', code], capture_output=True,
+                         text=True, timeout=120, cwd=ROOT,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert out.returncode == 0, out.stderr[-2000:]
+    core, *used = map(int, out.stdout.split())
+    assert core == cores[1 % len(cores)]  # local rank 1: the second core
+    assert used == [core]  # every thread of the process, pinned there

@@ -76,7 +76,7 @@ def result_of(out, err, proc):
 
 def run_scenario(framework, body, deadline_s=240):
     """Run `body` (Python using `d2l`, ending with report(value)) in its own process group."""
-    module = {'pytorch': 'torch', 'paddle': 'paddle'}[framework]
+    module = {'pytorch': 'torch', 'paddle': 'paddle', 'mxnet': 'mxnet'}[framework]
     code = (f'import json, os, sys, tempfile, time\n'
             f'import numpy as np\n'
             f'from d2l import {module} as d2l\n'
@@ -306,7 +306,7 @@ def test_launcher_script_is_found_in_an_unzipped_notebook_folder(ddp,
     shutil.copytree(ROOT / 'd2l', tmp_path / 'd2l')
     (tmp_path / 'chapter_multi_gpu').mkdir()
     shutil.copy(ROOT / 'chapter_multi_gpu' / name, tmp_path / 'chapter_multi_gpu')
-    module = {'pytorch': 'torch', 'paddle': 'paddle'}[framework]
+    module = {'pytorch': 'torch', 'paddle': 'paddle', 'mxnet': 'mxnet'}[framework]
     code = f'from d2l import {module} as d2l; print(d2l.ddp_script_path())'
     for cwd in (tmp_path, tmp_path / 'chapter_multi_gpu'):
         found = subprocess.run(
@@ -349,7 +349,7 @@ def test_two_groups_started_back_to_back_do_not_collide(ddp, framework):
                             backend='gloo')
             report('ok')
             """
-    module = {'pytorch': 'torch', 'paddle': 'paddle'}[framework]
+    module = {'pytorch': 'torch', 'paddle': 'paddle', 'mxnet': 'mxnet'}[framework]
     code = (f'import json\nfrom d2l import {module} as d2l\n'
             f'def report(value):\n'
             f'    print({RESULT!r} + json.dumps(value), flush=True)\n'
@@ -528,7 +528,7 @@ def test_ranks_on_the_cpu_share_its_cores_instead_of_each_taking_all(
         ddp, framework, tmp_path):
     init = ('d2l.local_init_method()' if framework == 'pytorch'
             else "'env://'")
-    module = {'pytorch': 'torch', 'paddle': 'paddle'}[framework]
+    module = {'pytorch': 'torch', 'paddle': 'paddle', 'mxnet': 'mxnet'}[framework]
     code = textwrap.dedent(f'''
         import json
         import ddp_test_workers
@@ -548,7 +548,7 @@ def test_the_failing_rank_s_own_error_reaches_the_parent(ddp, framework,
                                                          tmp_path):
     init = ('d2l.local_init_method()' if framework == 'pytorch'
             else "'env://'")
-    module = {'pytorch': 'torch', 'paddle': 'paddle'}[framework]
+    module = {'pytorch': 'torch', 'paddle': 'paddle', 'mxnet': 'mxnet'}[framework]
     code = textwrap.dedent(f'''
         import json
         import ddp_test_workers
@@ -585,7 +585,7 @@ def alive(pid):
                          ids=['SIGINT', 'SIGTERM'])
 def test_interrupting_the_parent_stops_every_rank_and_removes_the_folder(
         ddp, framework, tmp_path, signum):
-    module = {'pytorch': 'torch', 'paddle': 'paddle'}[framework]
+    module = {'pytorch': 'torch', 'paddle': 'paddle', 'mxnet': 'mxnet'}[framework]
     markers = tmp_path / 'markers'
     markers.mkdir()
     scratch = tmp_path / 'tmp'  # spawn_ranks's temporary folder goes here
@@ -637,7 +637,7 @@ def test_interrupting_the_parent_stops_every_rank_and_removes_the_folder(
 
 def workers_code(framework, body):
     """A program that imports WORKERS and d2l, defines report(value), and runs `body` as its main part."""
-    module = {'pytorch': 'torch', 'paddle': 'paddle'}[framework]
+    module = {'pytorch': 'torch', 'paddle': 'paddle', 'mxnet': 'mxnet'}[framework]
     head = textwrap.dedent(f'''
         import json, os, time
         import ddp_test_workers
