@@ -1447,7 +1447,7 @@ def warmup_cosine_lr(lr, epoch, num_epochs, warmup=0, start=0.0):
                  f'got warmup={warmup!r}, num_epochs={num_epochs!r}')
     if epoch < warmup:
         return start + (lr - start) * epoch / warmup
-    return cosine_lr(lr, epoch - warmup, num_epochs - warmup)
+    return d2l.cosine_lr(lr, epoch - warmup, num_epochs - warmup)
 
 def _ddp_epochs(net, model, optimizer, loader, device, rank, world_size,
                 num_epochs, lr, warmup):
