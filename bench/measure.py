@@ -258,6 +258,10 @@ def dp_vs_ddp(ops, s):
     import os
     import torch
     d2l = ops.d2l
+    if d2l.num_gpus() < 2:
+        raise Missing(f'the comparison needs two GPUs ({d2l.num_gpus()} '
+                      f'found): without them nn.DataParallel just calls '
+                      f'the model')
     time_dp, time_ddp = need(d2l, 'time_data_parallel', 'time_ddp')
     k, batch, steps = 2, s['ddp_batch'], s['ddp_steps']
     warmup = s['ddp_warmup']
