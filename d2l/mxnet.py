@@ -859,6 +859,23 @@ def _loopback_interface():
     Defined in :numref:`sec_process_groups`"""
     return 'lo0' if sys.platform == 'darwin' else 'lo'
 
+@contextlib.contextmanager
+def _environment(values, **more):
+    """Set environment variables for the body of a `with` block, then restore them.
+
+    Defined in :numref:`sec_process_groups`"""
+    values = {**values, **more}
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
 def _is_loopback(host):
     """Whether `host` names an address of this machine's loopback interface.
 
@@ -1067,48 +1084,6 @@ def _wait_for_ranks(processes, out_dir, silence_s, servers=()):
         multiprocessing.connection.wait(
             [p.sentinel for p in [*processes, *servers]], 0.2)
 
-def spawn_ranks(worker, world_size, *args, silence_s=60.0):
-    """Run worker(rank, world_size, *args) in `world_size` new processes beside a parameter server; return their results by rank.
-
-    Defined in :numref:`sec_process_groups`"""
-    _check_rank(0, world_size)
-    _check_worker(worker, args)
-    _check_timeout(silence_s, 'silence_s')
-    context = multiprocessing.get_context('spawn')
-    with tempfile.TemporaryDirectory(prefix='d2l-ranks-') as out_dir:
-        env, servers = _start_servers(context, world_size, out_dir)
-        # On a CPU a worker is one core (sec_helpers); MXNet reads this once.
-        threads = {} if num_gpus() else {'OMP_NUM_THREADS': '1'}
-        workers = []
-        try:  # ps-lite numbers the workers in the order of their ports
-            for rank, port in enumerate(_free_ports(world_size)):
-                with _environment(env, DMLC_ROLE='worker', PORT=str(port),
-                                  **threads):
-                    workers.append(context.Process(target=_run_rank, args=(
-                        rank, worker, world_size, args, out_dir,
-                        os.getpid())))
-                    workers[-1].start()
-        except BaseException:
-            _stop_processes(workers + servers)
-            raise
-        _join_ranks(types.SimpleNamespace(processes=workers), out_dir,
-                    world_size, silence_s, servers)
-        return _collect_results(out_dir, world_size)
-
-def _run_rank(rank, worker, world_size, args, out_dir, parent_pid):
-    """Body of one worker of spawn_ranks: run the worker, store its result or its error.
-
-    Defined in :numref:`sec_process_groups`"""
-    _start_rank(rank, out_dir, parent_pid)
-    try:
-        result = worker(rank, world_size, *args)
-    except BaseException:
-        _record_rank_failure(rank)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(1)  # while the worker's store is alive: see the text
-    _finish_rank(rank, out_dir, result)
-
 def _free_ports(n, host='127.0.0.1'):
     """`n` different free ports on `host`, in increasing order.
 
@@ -1117,23 +1092,6 @@ def _free_ports(n, host='127.0.0.1'):
     while len(ports) < n:
         ports.add(free_port(host))
     return sorted(ports)
-
-@contextlib.contextmanager
-def _environment(values, **more):
-    """Set environment variables for the body of a `with` block, then restore them.
-
-    Defined in :numref:`sec_process_groups`"""
-    values = {**values, **more}
-    saved = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 def _start_servers(context, num_workers, out_dir, num_servers=1):
     """Start MXNet's scheduler and servers on loopback; return the workers' environment and the processes.
@@ -1165,6 +1123,50 @@ def _serve(role, env, log_path, parent_pid):
         os._exit(1)
     os.environ.update(env, DMLC_ROLE=role)
     os.execv(sys.executable, [sys.executable, '-c', 'import mxnet'])
+
+def spawn_ranks(worker, world_size, *args, silence_s=60.0):
+    """Run worker(rank, world_size, *args) in `world_size` new processes beside a parameter server; return their results by rank.
+
+    Defined in :numref:`sec_process_groups`"""
+    _check_rank(0, world_size)
+    _check_worker(worker, args)
+    _check_timeout(silence_s, 'silence_s')
+    context = multiprocessing.get_context('spawn')
+    with tempfile.TemporaryDirectory(prefix='d2l-ranks-') as out_dir:
+        env, servers = _start_servers(context, world_size, out_dir)
+        # On a CPU a worker is one core (sec_helpers) unless OMP_NUM_THREADS
+        # says otherwise; MXNet reads it once.
+        threads = {} if num_gpus() or 'OMP_NUM_THREADS' in os.environ \
+            else {'OMP_NUM_THREADS': '1'}
+        workers = []
+        try:  # ps-lite numbers the workers in the order of their ports
+            for rank, port in enumerate(_free_ports(world_size)):
+                with _environment(env, DMLC_ROLE='worker', PORT=str(port),
+                                  **threads):
+                    workers.append(context.Process(target=_run_rank, args=(
+                        rank, worker, world_size, args, out_dir,
+                        os.getpid())))
+                    workers[-1].start()
+        except BaseException:
+            _stop_processes(workers + servers)
+            raise
+        _join_ranks(types.SimpleNamespace(processes=workers), out_dir,
+                    world_size, silence_s, servers)
+        return _collect_results(out_dir, world_size)
+
+def _run_rank(rank, worker, world_size, args, out_dir, parent_pid):
+    """Body of one worker of spawn_ranks: run the worker, store its result or its error.
+
+    Defined in :numref:`sec_process_groups`"""
+    _start_rank(rank, out_dir, parent_pid)
+    try:
+        result = worker(rank, world_size, *args)
+    except BaseException:
+        _record_rank_failure(rank)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)  # while the worker's store is alive: see the text
+    _finish_rank(rank, out_dir, result)
 
 def _push_pull_demo(rank, world_size):
     """Push rank + 1 to a dist_sync store and pull the sum; return what this worker saw.
@@ -1504,11 +1506,110 @@ def describe_ddp_run(summary):
     s = summary
     losses = ', '.join(f'{l:.3f}' for l in s['train_loss'])
     accuracies = ', '.join(f'{a:.3f}' for a in s['test_acc'])
-    return (f'{s["world_size"]} process(es), {s["backend"]}, rank '
-            f'{s["rank"]} on {s["device"]}\n{s["data"]}\n'
+    k = s['world_size']
+    return (f'{k} process{"es" if k > 1 else ""}, backend {s["backend"]}, '
+            f'rank {s["rank"]} on {s["device"]}\n{s["data"]}\n'
             f'training loss per epoch: {losses}\n'
             f'test accuracy per epoch: {accuracies}\n'
             f'{sum(s["epoch_s"]) / len(s["epoch_s"]):.1f} s per epoch')
+
+def timing_batch(global_batch):
+    """The first `global_batch` training images and labels, for timing runs.
+
+    Defined in :numref:`sec_ddp_resnet`"""
+    d2l._check_positive_int(global_batch, 'global_batch')
+    return shard_of_batch(*fashion_mnist_tensors('train'), 0, 0, 1,
+                          global_batch)
+
+def _use_threads(threads):
+    """On a CPU, let this process run `threads` threads on all usable cores.
+
+    Defined in :numref:`sec_ddp_resnet`"""
+    if threads > 1:
+        if hasattr(os, 'sched_setaffinity'):  # undo use_one_core's pinning
+            for thread in os.listdir('/proc/self/task'):
+                try:
+                    os.sched_setaffinity(int(thread), range(os.cpu_count()))
+                except OSError:  # a thread that ended meanwhile
+                    pass
+        _set_threads(threads)
+
+def _set_threads(threads):
+    """MXNet reads its thread count at start: time_ddp sets OMP_NUM_THREADS.
+
+    Defined in :numref:`sec_ddp_resnet`"""
+
+def time_steps(net, optimizer, X, y, num_steps, warmup, device):
+    """Average seconds per SGD step on (X, y) after `warmup` untimed steps.
+
+    Defined in :numref:`sec_ddp_resnet`"""
+    loss, workers = gluon.loss.SoftmaxCrossEntropyLoss(), _STORES[-1]
+    for n in (warmup, num_steps):
+        began = time.perf_counter()
+        for _ in range(n):
+            with autograd.record():
+                l = loss(net(X), y)
+            l.backward()
+            optimizer.step(X.shape[0] * workers.num_workers)
+        npx.waitall()  # MXNet's engine runs ahead of the Python code
+    return (time.perf_counter() - began) / num_steps
+
+def _timing_model(model_fn, device):
+    """The model to time (ResNet-18 by default) on `device`, and its optimizer.
+
+    Defined in :numref:`sec_ddp_resnet`"""
+    mx.random.seed(0)
+    net = model_fn() if model_fn else resnet18(10)
+    net.initialize(init.Xavier(), ctx=device)
+    return net, gluon.Trainer(net.collect_params(), 'sgd',
+                              {'learning_rate': 0.01}, kvstore=_STORES[-1],
+                              update_on_kvstore=False)
+
+def time_ddp(world_size, global_batch, num_steps, warmup=1, model_fn=None,
+             threads=1):
+    """Seconds per step of `world_size` processes sharing `global_batch` images.
+
+    Defined in :numref:`sec_ddp_resnet`"""
+    d2l._check_positive_int(global_batch, 'global_batch')
+    local_batch_size(global_batch, world_size)  # fail here, not in a child
+    d2l._check_positive_int(num_steps, 'num_steps')
+    d2l._check_count(warmup, 'warmup')
+    d2l._check_positive_int(threads, 'threads')
+    init_method = _timing_rendezvous()
+    with _environment(_thread_environment(threads)):
+        return spawn_ranks(_time_ddp_worker, world_size, init_method,
+                           global_batch, num_steps, warmup, model_fn,
+                           threads)[0]
+
+def _time_ddp_worker(rank, world_size, init_method, global_batch, num_steps,
+                     warmup, model_fn, threads):
+    """One process of time_ddp: time its shard; return the slowest rank's time.
+
+    Defined in :numref:`sec_ddp_resnet`"""
+    with process_group(rank, world_size, init_method) as device:
+        if not num_gpus():
+            _use_threads(threads)
+        net, optimizer = _timing_model(model_fn, device)
+        X, y = shard_of_batch(*fashion_mnist_tensors('train'), 0, rank,
+                              world_size, global_batch // world_size)
+        seconds = [0.0] * world_size
+        seconds[rank] = time_steps(net, optimizer, _on(X, device),
+                                   _on(y, device), num_steps, warmup, device)
+        return max(_sum_over_ranks(seconds, device, world_size))
+
+def _thread_environment(threads):
+    """Defined in :numref:`sec_ddp_resnet`"""
+    return {'OMP_NUM_THREADS': str(threads)}  # read at start
+
+def _timing_rendezvous():
+    """Defined in :numref:`sec_ddp_resnet`"""
+    return 'env://'
+
+def _on(x, device):
+    """`x` on `device`.
+
+    Defined in :numref:`sec_ddp_resnet`"""
+    return x.as_in_ctx(device)
 
 import math
 

@@ -1030,6 +1030,23 @@ def _loopback_interface():
     Defined in :numref:`sec_process_groups`"""
     return 'lo0' if sys.platform == 'darwin' else 'lo'
 
+@contextlib.contextmanager
+def _environment(values, **more):
+    """Set environment variables for the body of a `with` block, then restore them.
+
+    Defined in :numref:`sec_process_groups`"""
+    values = {**values, **more}
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
 def _is_loopback(host):
     """Whether `host` names an address of this machine's loopback interface.
 
@@ -1750,11 +1767,103 @@ def describe_ddp_run(summary):
     s = summary
     losses = ', '.join(f'{l:.3f}' for l in s['train_loss'])
     accuracies = ', '.join(f'{a:.3f}' for a in s['test_acc'])
-    return (f'{s["world_size"]} process(es), {s["backend"]}, rank '
-            f'{s["rank"]} on {s["device"]}\n{s["data"]}\n'
+    k = s['world_size']
+    return (f'{k} process{"es" if k > 1 else ""}, backend {s["backend"]}, '
+            f'rank {s["rank"]} on {s["device"]}\n{s["data"]}\n'
             f'training loss per epoch: {losses}\n'
             f'test accuracy per epoch: {accuracies}\n'
             f'{sum(s["epoch_s"]) / len(s["epoch_s"]):.1f} s per epoch')
+
+def timing_batch(global_batch):
+    """The first `global_batch` training images and labels, for timing runs.
+
+    Defined in :numref:`sec_ddp_resnet`"""
+    d2l._check_positive_int(global_batch, 'global_batch')
+    return shard_of_batch(*fashion_mnist_tensors('train'), 0, 0, 1,
+                          global_batch)
+
+def _use_threads(threads):
+    """On a CPU, let this process run `threads` threads on all usable cores.
+
+    Defined in :numref:`sec_ddp_resnet`"""
+    if threads > 1:
+        if hasattr(os, 'sched_setaffinity'):  # undo use_one_core's pinning
+            for thread in os.listdir('/proc/self/task'):
+                try:
+                    os.sched_setaffinity(int(thread), range(os.cpu_count()))
+                except OSError:  # a thread that ended meanwhile
+                    pass
+        _set_threads(threads)
+
+_set_threads = paddle.base.core.set_num_threads
+
+def time_steps(net, optimizer, X, y, num_steps, warmup, device):
+    """Average seconds per SGD step on (X, y) after `warmup` untimed steps.
+
+    Defined in :numref:`sec_ddp_resnet`"""
+    for n in (warmup, num_steps):
+        began = time.perf_counter()
+        for _ in range(n):
+            optimizer.clear_grad()
+            F.cross_entropy(net(X), y).backward()
+            optimizer.step()
+        if num_gpus():
+            paddle.device.cuda.synchronize()  # GPUs run ahead of Python
+    return (time.perf_counter() - began) / num_steps
+
+def _timing_model(model_fn, device):
+    """The model to time (ResNet-18 by default) on `device`, and its optimizer.
+
+    Defined in :numref:`sec_ddp_resnet`"""
+    paddle.seed(0)
+    net = _wrap_ddp(model_fn() if model_fn else resnet18(10), device)
+    return net, _sgd(net, 0.01)
+
+def time_ddp(world_size, global_batch, num_steps, warmup=1, model_fn=None,
+             threads=1):
+    """Seconds per step of `world_size` processes sharing `global_batch` images.
+
+    Defined in :numref:`sec_ddp_resnet`"""
+    d2l._check_positive_int(global_batch, 'global_batch')
+    local_batch_size(global_batch, world_size)  # fail here, not in a child
+    d2l._check_positive_int(num_steps, 'num_steps')
+    d2l._check_count(warmup, 'warmup')
+    d2l._check_positive_int(threads, 'threads')
+    init_method = _timing_rendezvous()
+    with _environment(_thread_environment(threads)):
+        return spawn_ranks(_time_ddp_worker, world_size, init_method,
+                           global_batch, num_steps, warmup, model_fn,
+                           threads)[0]
+
+def _time_ddp_worker(rank, world_size, init_method, global_batch, num_steps,
+                     warmup, model_fn, threads):
+    """One process of time_ddp: time its shard; return the slowest rank's time.
+
+    Defined in :numref:`sec_ddp_resnet`"""
+    with process_group(rank, world_size, init_method) as device:
+        if not num_gpus():
+            _use_threads(threads)
+        net, optimizer = _timing_model(model_fn, device)
+        X, y = shard_of_batch(*fashion_mnist_tensors('train'), 0, rank,
+                              world_size, global_batch // world_size)
+        seconds = [0.0] * world_size
+        seconds[rank] = time_steps(net, optimizer, _on(X, device),
+                                   _on(y, device), num_steps, warmup, device)
+        return max(_sum_over_ranks(seconds, device, world_size))
+
+def _thread_environment(threads):
+    """Defined in :numref:`sec_ddp_resnet`"""
+    return {}  # set in the process: _use_threads
+
+def _timing_rendezvous():
+    """Defined in :numref:`sec_ddp_resnet`"""
+    return 'env://'
+
+def _on(x, device):
+    """`x` on `device` (the current device already holds it).
+
+    Defined in :numref:`sec_ddp_resnet`"""
+    return x
 
 import math
 
@@ -2189,15 +2298,6 @@ def gradient_bytes(net):
 
     Defined in :numref:`sec_cost_model`"""
     return sum(p.numel().item() * 4 for p in net.parameters() if p.trainable)
-
-def timing_batch(global_batch):
-    """The first `global_batch` training images and labels (wrapping around), for timing runs.
-
-    Defined in :numref:`sec_cost_model`"""
-    d2l._check_positive_int(global_batch, 'global_batch')
-    X, y = fashion_mnist_tensors('train')
-    idx = paddle.arange(global_batch) % y.shape[0]
-    return X[idx], y[idx]
 
 def _sgd_steps(net, optimizer, X, y, num_steps, accumulate=1, bf16=False,
                step_end=lambda: None):

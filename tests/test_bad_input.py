@@ -495,7 +495,7 @@ SWEEP = [
     Sweep('spawn_ranks', MULTI, lambda d2l, fw: (
         d2l.spawn_ranks, dict(worker=d2l.local_batch_size, world_size=1)),
         {'world_size': 'count'}, False),
-    Sweep('timing_batch', ('pytorch', 'paddle'), lambda d2l, fw: (
+    Sweep('timing_batch', ALL, lambda d2l, fw: (
         d2l.timing_batch, dict(global_batch=4)), {'global_batch': 'count'},
         True),
     Sweep('time_data_parallel', ('pytorch',), lambda d2l, fw: (
@@ -503,10 +503,10 @@ SWEEP = [
                                      num_steps=1, warmup=0)),
         {'num_devices': 'count', 'global_batch': 'count', 'num_steps': 'count',
          'warmup': 'count0'}, True),
-    Sweep('time_ddp', ('pytorch',), lambda d2l, fw: (d2l.time_ddp, dict(
-        world_size=1, global_batch=2, num_steps=1, warmup=0)),
+    Sweep('time_ddp', ALL, lambda d2l, fw: (d2l.time_ddp, dict(
+        world_size=1, global_batch=2, num_steps=1, warmup=0, threads=1)),
         {'world_size': 'count', 'global_batch': 'count', 'num_steps': 'count',
-         'warmup': 'count0'}, False),
+         'warmup': 'count0', 'threads': 'count'}, False),
     Sweep('time_all_reduce', MULTI, lambda d2l, fw: (d2l.time_all_reduce, dict(
         world_size=2, sizes=[4096], reps=1, calls=1)),
         {'world_size': 'count', 'reps': 'count', 'calls': 'count'}, False),
