@@ -1871,7 +1871,7 @@ def pipeline_mlp(depth, width, seed=0):
     _check_positive_int(width, 'width')
     _check_count(seed, 'seed')
     _manual_seed(seed)
-    sizes = [784] + [width] * (depth - 1) + [10]
+    sizes = [784] + [int(width)] * (int(depth) - 1) + [10]
     return [nn.Sequential(nn.Linear(a, b), nn.ReLU()) if j < depth - 1
             else nn.Linear(a, b)
             for j, (a, b) in enumerate(zip(sizes, sizes[1:]))]
@@ -1992,6 +1992,10 @@ def run_stage(layers, stage, num_stages, steps, Xs, ys, device, send, recv):
     """Run one stage's steps (op, micro-batch); times, peak bytes, loss.
 
     Defined in :numref:`sec_pipeline`"""
+    if not (_is_int(stage) and _is_int(num_stages)
+            and 0 <= stage < num_stages):
+        raise ValueError(f'stage must lie in 0..num_stages-1, got stage='
+                         f'{stage!r} and num_stages={num_stages!r}')
     last, n = stage == num_stages - 1, sum(x.shape[0] for x in Xs)
     held, held_bytes, peak, loss, times = {}, 0, 0, 0.0, []
     for op, i in steps:
@@ -2026,10 +2030,9 @@ def split_microbatches(X, y, num_microbatches):
     if num_microbatches > X.shape[0]:
         raise ValueError(f'num_microbatches={num_microbatches} exceeds the '
                          f'{X.shape[0]} examples of the minibatch')
-    bounds = [0, *itertools.accumulate(shard_sizes(X.shape[0],
-                                                   num_microbatches))]
-    return ([X[lo:hi] for lo, hi in zip(bounds, bounds[1:])],
-            [y[lo:hi] for lo, hi in zip(bounds, bounds[1:])])
+    sizes = shard_sizes(X.shape[0], num_microbatches)
+    parts = [(sum(sizes[:j]), sum(sizes[:j + 1])) for j in range(len(sizes))]
+    return [X[lo:hi] for lo, hi in parts], [y[lo:hi] for lo, hi in parts]
 
 def _queue_link(num_stages, num_microbatches, timeout_s, failed):
     """send and recv between stage threads: a queue per message.
@@ -2066,7 +2069,7 @@ def run_pipeline(stages, schedule, X, y, num_microbatches, timeout_s=60.0):
     Defined in :numref:`sec_pipeline`"""
     p = len(stages)
     check_schedule(schedule, p, num_microbatches)
-    _check_timeout(timeout_s)
+    _check_rate(timeout_s, 'timeout_s')
     Xs, ys = split_microbatches(X, y, num_microbatches)
     devices, failed, records, errors = try_gpus(p), threading.Event(), \
         [None] * p, []
@@ -2086,7 +2089,7 @@ def run_pipeline(stages, schedule, X, y, num_microbatches, timeout_s=60.0):
                for s in range(p)]
     for t in threads:
         t.start()
-    for t in threads:
+    for t in threads:  # a bound for the whole run
         t.join(timeout_s * (2 * num_microbatches + 1))
     if errors or any(t.is_alive() for t in threads):  # the cause, not a wait
         _, s, error = min(errors, default=(0, '?', 'deadline passed'))
@@ -2177,7 +2180,7 @@ def time_pipeline(runs, num_stages, X, y, depth, width, timeout_s=60.0):
 
     Defined in :numref:`sec_pipeline`"""
     _check_pipeline_runs(runs, num_stages, X, y, depth, width)
-    _check_timeout(timeout_s)
+    _check_rate(timeout_s, 'timeout_s')
     ranks = spawn_ranks(_pipeline_worker, num_stages, _rendezvous(), runs,
                         X.cpu().numpy(), y.cpu().numpy(), depth, width,
                         timeout_s)
@@ -2193,8 +2196,7 @@ def _check_pipeline_runs(runs, num_stages, X, y, depth, width):
     _check_positive_int(width, 'width')
     split_stages(range(depth), num_stages)  # enough blocks for the stages
     if not isinstance(runs, (list, tuple)) or not runs:
-        raise ValueError('runs must be a non-empty list of (schedule, '
-                         'num_microbatches) pairs')
+        raise ValueError('runs must list (schedule, num_microbatches) pairs')
     for schedule, m in runs:
         check_schedule(schedule, num_stages, m)
         split_microbatches(X, y, m)  # enough examples
@@ -2216,8 +2218,7 @@ def idle_fraction(times):
 
     Defined in :numref:`sec_pipeline`"""
     if not times:
-        raise ValueError("times must hold a run's steps, as in "
-                         "run_pipeline(...)['times']")
+        raise ValueError("times must hold a run's steps, as run_pipeline's")
     num_stages = len({t[0] for t in times})
     span = max(t[4] for t in times) - min(t[3] for t in times)
     busy = sum(end - start for *_, start, end in times)
