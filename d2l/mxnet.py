@@ -1582,12 +1582,7 @@ def _grads(layers):
         p.grad()[:] = 0
     return grads
 
-def _thread_setup():
-    """Give a new thread MXNet's NumPy interface, which is set per thread.
-
-    Defined in :numref:`sec_pipeline`"""
-    npx.set_np()
-
+_thread_setup = lambda: npx.set_np()  # MXNet's NumPy interface is per thread
 _sync = lambda x: x.wait_to_read()  # MXNet computes asynchronously
 _place = lambda layers, device: [
     layer.collect_params().reset_ctx(device) for layer in layers]
@@ -1666,8 +1661,7 @@ def _queue_link(num_stages, num_microbatches, timeout_s, failed):
     Defined in :numref:`sec_pipeline`"""
     boxes = {(s, op, i): queue.Queue() for s in range(num_stages)
              for op in 'FB' for i in range(num_microbatches)}
-    def send(stage, op, i, x):
-        boxes[stage, op, i].put(x)
+    send = lambda stage, op, i, x: boxes[stage, op, i].put(x)
     def recv(source, op, i):
         me = source + 1 if op == 'F' else source - 1
         deadline = time.monotonic() + timeout_s

@@ -2100,8 +2100,7 @@ def _queue_link(num_stages, num_microbatches, timeout_s, failed):
     Defined in :numref:`sec_pipeline`"""
     boxes = {(s, op, i): queue.Queue() for s in range(num_stages)
              for op in 'FB' for i in range(num_microbatches)}
-    def send(stage, op, i, x):
-        boxes[stage, op, i].put(x)
+    send = lambda stage, op, i, x: boxes[stage, op, i].put(x)
     def recv(source, op, i):
         me = source + 1 if op == 'F' else source - 1
         deadline = time.monotonic() + timeout_s
@@ -2183,8 +2182,7 @@ def _p2p_link(shapes, timeout_s, device):
             threads.append(threading.Thread(target=pump, daemon=True, args=(
                 op, peer, sending, boxes[op, peer])))
             threads[-1].start()
-    def send(stage, op, i, x):
-        boxes[op, stage].put(x.detach())
+    send = lambda stage, op, i, x: boxes[op, stage].put(x.detach())
     def recv(source, op, i):
         try:
             x = boxes[op, source].get(timeout=timeout_s)
