@@ -2277,10 +2277,9 @@ def idle_fraction(times):
     Defined in :numref:`sec_pipeline`"""
     if not times:
         raise ValueError("times must hold a run's steps, as run_pipeline's")
-    num_stages = len({t[0] for t in times})
     span = max(t[4] for t in times) - min(t[3] for t in times)
     busy = sum(end - start for *_, start, end in times)
-    return 1 - busy / (num_stages * span)
+    return 1 - busy / (len({t[0] for t in times}) * span)
 
 import contextlib
 import math

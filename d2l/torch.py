@@ -2217,10 +2217,9 @@ def idle_fraction(times):
     Defined in :numref:`sec_pipeline`"""
     if not times:
         raise ValueError("times must hold a run's steps, as run_pipeline's")
-    num_stages = len({t[0] for t in times})
     span = max(t[4] for t in times) - min(t[3] for t in times)
     busy = sum(end - start for *_, start, end in times)
-    return 1 - busy / (num_stages * span)
+    return 1 - busy / (len({t[0] for t in times}) * span)
 
 def _pipelining_worker(rank, world_size, init_method, X, y,
                        num_microbatches, depth, width):
@@ -2238,8 +2237,8 @@ def _pipelining_worker(rank, world_size, init_method, X, y,
             schedule.step(target=y, losses=losses)
         else:  # the first gets the inputs, any other nothing
             schedule.step(*[X] if rank == 0 else [])
-        loss = sum(float(l.detach()) for l in losses) / num_microbatches
-        return loss, _grads([stage])
+        return (sum(float(l.detach()) for l in losses) / num_microbatches,
+                _grads([stage]))
 
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
