@@ -1824,6 +1824,304 @@ def zero_params(states, stage):
         return onp.concatenate([s['params'].asnumpy() for s in states])
     return states[0]['params'].asnumpy()
 
+import queue
+
+def split_stages(layers, num_stages):
+    """Cut a list of layers into `num_stages` consecutive groups.
+
+    Defined in :numref:`sec_pipeline`"""
+    _check_positive_int(num_stages, 'num_stages')
+    layers = list(layers)
+    if num_stages > len(layers):
+        raise ValueError(f'num_stages={num_stages} exceeds the {len(layers)} '
+                         f'layers; every stage needs at least one layer')
+    bounds = [0, *itertools.accumulate(shard_sizes(len(layers), num_stages))]
+    return [layers[lo:hi] for lo, hi in zip(bounds, bounds[1:])]
+
+def pipeline_mlp(depth, width, seed=0):
+    """An MLP on flat images as a list of `depth` blocks, 10 scores out.
+
+    Defined in :numref:`sec_pipeline`"""
+    _check_positive_int(depth, 'depth')
+    _check_positive_int(width, 'width')
+    _check_count(seed, 'seed')
+    mx.random.seed(seed)
+    sizes = [784] + [int(width)] * (int(depth) - 1) + [10]
+    blocks = [nn.Dense(b, activation='relu' if j < depth - 1 else None,
+                       in_units=a)
+              for j, (a, b) in enumerate(zip(sizes, sizes[1:]))]
+    for block in blocks:
+        block.initialize(init.Normal(0.05), ctx=mx.cpu())
+        block.collect_params().setattr('grad_req', 'add')  # micro-batches add
+    return blocks
+
+def bubble_fraction(num_stages, num_microbatches):
+    """Idle share (p-1)/(m+p-1) of a pipeline of equal steps.
+
+    Defined in :numref:`sec_pipeline`"""
+    _check_positive_int(num_stages, 'num_stages')
+    _check_positive_int(num_microbatches, 'num_microbatches')
+    return (num_stages - 1) / (num_microbatches + num_stages - 1)
+
+def pipeline_schedule(kind, num_stages, num_microbatches):
+    """Steps (stage, 'F' or 'B', micro-batch) of GPipe or 1F1B.
+
+    Defined in :numref:`sec_pipeline`"""
+    if kind not in ('gpipe', '1f1b'):
+        raise ValueError(f"kind must be 'gpipe' or '1f1b', got {kind!r}")
+    p, m = num_stages, num_microbatches
+    _check_positive_int(p, 'num_stages')
+    _check_positive_int(m, 'num_microbatches')
+    orders = []
+    for s in range(p):
+        ahead = m if kind == 'gpipe' else min(p - 1 - s, m)
+        order = [('F', i) for i in range(ahead)]
+        for i in range(m - ahead):  # one forward, one backward
+            order += [('F', ahead + i), ('B', i)]
+        orders.append(order + [('B', i) for i in range(m - ahead, m)])
+    return _interleave(orders)
+
+def _needs(stage, op, i, num_stages):
+    """The steps that must run before step (stage, op, i).
+
+    Defined in :numref:`sec_pipeline`"""
+    if op == 'F':
+        return [(stage - 1, 'F', i)] if stage > 0 else []
+    after = [(stage + 1, 'B', i)] if stage < num_stages - 1 else []
+    return [(stage, 'F', i)] + after
+
+def _interleave(orders):
+    """The stages' orders as one list, each stage stepping when it can.
+
+    Defined in :numref:`sec_pipeline`"""
+    done, schedule, p = set(), [], len(orders)
+    while any(orders):
+        ready = [(s, *order[0]) for s, order in enumerate(orders)
+                 if order and all(n in done for n in _needs(s, *order[0], p))]
+        if not ready:
+            raise ValueError('the stages wait on each other')
+        for step in ready:
+            orders[step[0]].pop(0)
+        done.update(ready)
+        schedule += ready
+    return schedule
+
+def check_schedule(schedule, num_stages, num_microbatches):
+    """Refuse a schedule that misses, repeats or misorders a step.
+
+    Defined in :numref:`sec_pipeline`"""
+    p, m = num_stages, num_microbatches
+    _check_positive_int(p, 'num_stages')
+    _check_positive_int(m, 'num_microbatches')
+    steps = {(s, op, i) for s in range(p) for op in 'FB' for i in range(m)}
+    schedule = [tuple(t) if isinstance(t, (tuple, list)) else t
+                for t in schedule]
+    for j, step in enumerate(schedule):
+        if step not in steps or step in schedule[:j]:
+            raise ValueError(f'step {step!r} ' + (
+                'appears twice' if step in steps else f"is not (stage < {p}"
+                f", 'F' or 'B', micro-batch < {m})"))
+    if steps - set(schedule):
+        raise ValueError(f'the schedule never runs step(s) '
+                         f'{sorted(steps - set(schedule))}')
+    for j, step in enumerate(schedule):
+        missing = [n for n in _needs(*step, p) if n not in schedule[:j]]
+        if missing:
+            raise ValueError(f'step {step!r} comes before {missing[0]!r}, '
+                             f'which it needs')
+
+def _grads(layers):
+    """The parameters' gradients as NumPy arrays, then cleared.
+
+    Defined in :numref:`sec_pipeline`"""
+    params = [p for layer in layers for p in layer.collect_params().values()]
+    grads = [p.grad().asnumpy() for p in params]
+    for p in params:
+        p.grad()[:] = 0
+    return grads
+
+_thread_setup = lambda: npx.set_np()  # MXNet's NumPy interface is per thread
+_sync = lambda x: x.wait_to_read()  # MXNet computes asynchronously
+_place = lambda layers, device: [
+    layer.collect_params().reset_ctx(device) for layer in layers]
+
+def _forward(layers, x, y, num_examples):
+    """Record a forward pass of `layers`, with the loss if y is given.
+
+    Defined in :numref:`sec_pipeline`"""
+    _track(x)  # x is a fresh copy: it collects the gradient to pass back
+    outs = []
+    with _record():
+        for layer in layers:
+            outs.append(layer(outs[-1] if outs else x))
+        if y is not None:
+            outs.append(cross_entropy_sum(outs[-1], y) / num_examples)
+    _sync(outs[-1])
+    return x, outs
+
+def _backward(x, out, grad):
+    """Backward pass from `out` with gradient `grad`; x's gradient.
+
+    Defined in :numref:`sec_pipeline`"""
+    out.backward(grad)
+    _sync(x.grad)
+    return x.grad
+
+def run_stage(layers, stage, num_stages, steps, Xs, ys, device, send, recv):
+    """Run one stage's steps (op, micro-batch); times, peak bytes, loss.
+
+    Defined in :numref:`sec_pipeline`"""
+    if not (_is_int(stage) and _is_int(num_stages)
+            and 0 <= stage < num_stages):
+        raise ValueError(f'stage must lie in 0..num_stages-1, got stage='
+                         f'{stage!r} and num_stages={num_stages!r}')
+    last, n = stage == num_stages - 1, sum(x.shape[0] for x in Xs)
+    held, held_bytes, peak, loss, times = {}, 0, 0, 0.0, []
+    for op, i in steps:
+        if op == 'F':
+            x = Xs[i] if stage == 0 else recv(stage - 1, 'F', i)
+            start = time.perf_counter()
+            y = d2l._copy(ys[i], device) if last else None
+            x, outs = _forward(layers, d2l._copy(x, device), y, n)
+            nbytes = 4 * sum(math.prod(t.shape) for t in [x, *outs])  # fp32
+            held[i], held_bytes = (x, outs[-1], nbytes), held_bytes + nbytes
+            peak = max(peak, held_bytes)
+            loss += float(outs[-1].detach()) if last else 0.0
+            times.append((stage, op, i, start, time.perf_counter()))
+            if not last:
+                send(stage + 1, 'F', i, outs[-1])
+        else:
+            grad = None if last else recv(stage + 1, 'B', i)
+            start = time.perf_counter()
+            x, out, nbytes = held.pop(i)
+            g = _backward(x, out, None if last else d2l._copy(grad, device))
+            held_bytes -= nbytes
+            times.append((stage, op, i, start, time.perf_counter()))
+            if stage > 0:
+                send(stage - 1, 'B', i, g)
+    return {'times': times, 'peak_bytes': peak, 'loss': loss}
+
+def split_microbatches(X, y, num_microbatches):
+    """Cut a minibatch into `num_microbatches` nearly equal parts.
+
+    Defined in :numref:`sec_pipeline`"""
+    _check_positive_int(num_microbatches, 'num_microbatches')
+    if num_microbatches > X.shape[0]:
+        raise ValueError(f'num_microbatches={num_microbatches} exceeds the '
+                         f'{X.shape[0]} examples of the minibatch')
+    sizes = shard_sizes(X.shape[0], num_microbatches)
+    parts = [(sum(sizes[:j]), sum(sizes[:j + 1])) for j in range(len(sizes))]
+    return [X[lo:hi] for lo, hi in parts], [y[lo:hi] for lo, hi in parts]
+
+def _queue_link(num_stages, num_microbatches, timeout_s, failed):
+    """send and recv between stage threads: a queue per message.
+
+    Defined in :numref:`sec_pipeline`"""
+    boxes = {(s, op, i): queue.Queue() for s in range(num_stages)
+             for op in 'FB' for i in range(num_microbatches)}
+    send = lambda stage, op, i, x: boxes[stage, op, i].put(x)
+    def recv(source, op, i):
+        me = source + 1 if op == 'F' else source - 1
+        deadline = time.monotonic() + timeout_s
+        while not failed.is_set() and time.monotonic() < deadline:
+            try:
+                return boxes[me, op, i].get(timeout=0.05)
+            except queue.Empty:
+                pass
+        raise TimeoutError(f'stage {me} waited for {op} of micro-batch {i} '
+                           f'from stage {source}: ' + ('another stage failed'
+                           if failed.is_set() else f'over {timeout_s:g} s'))
+    return send, recv
+
+def _merge(records):
+    """One run's record from its stages' records.
+
+    Defined in :numref:`sec_pipeline`"""
+    return {'times': sorted(t for r in records for t in r['times']),
+            'peak_bytes': [r['peak_bytes'] for r in records],
+            'loss': records[-1]['loss']}
+
+def run_pipeline(stages, schedule, X, y, num_microbatches, timeout_s=60.0):
+    """Run `schedule` with a thread per stage; times, peak bytes, loss.
+
+    Defined in :numref:`sec_pipeline`"""
+    p = len(stages)
+    check_schedule(schedule, p, num_microbatches)
+    _check_rate(timeout_s, 'timeout_s')
+    Xs, ys = split_microbatches(X, y, num_microbatches)
+    devices, failed, records, errors = try_gpus(p), threading.Event(), \
+        [None] * p, []
+    send, recv = _queue_link(p, num_microbatches, timeout_s, failed)
+    def body(s):
+        _thread_setup()
+        device = devices[s % len(devices)]
+        try:
+            _place(stages[s], device)
+            records[s] = run_stage(stages[s], s, p, [
+                (op, i) for st, op, i in schedule if st == s], Xs, ys,
+                device, send, recv)
+        except BaseException as error:
+            errors.append((isinstance(error, TimeoutError), s, error))
+            failed.set()
+    threads = [threading.Thread(target=body, args=(s,), daemon=True)
+               for s in range(p)]
+    for t in threads:
+        t.start()
+    for t in threads:  # a bound for the whole run
+        t.join(timeout_s * (2 * num_microbatches + 1))
+    if errors or any(t.is_alive() for t in threads):  # the cause, not a wait
+        _, s, error = min(errors, default=(0, '?', 'deadline passed'))
+        raise RuntimeError(f'stage {s} failed: {error}')
+    return _merge(records)
+
+def time_pipeline(runs, num_stages, X, y, depth, width, timeout_s=60.0):
+    """Run each (schedule, m) of `runs` with a thread per stage.
+
+    Defined in :numref:`sec_pipeline`"""
+    _check_pipeline_runs(runs, num_stages, X, y, depth, width)
+    stages = split_stages(pipeline_mlp(depth, width), num_stages)
+    records = []
+    for schedule, m in runs:
+        records.append(run_pipeline(stages, schedule, X, y, m, timeout_s))
+        grads = [g for layers in stages for g in _grads(layers)]
+    records[-1]['grads'] = grads
+    return records
+
+def _check_pipeline_runs(runs, num_stages, X, y, depth, width):
+    """Refuse bad runs or sizes for time_pipeline before anything starts.
+
+    Defined in :numref:`sec_pipeline`"""
+    _check_positive_int(depth, 'depth')
+    _check_positive_int(width, 'width')
+    split_stages(range(depth), num_stages)  # enough blocks for the stages
+    if not isinstance(runs, (list, tuple)) or not runs:
+        raise ValueError('runs must list (schedule, num_microbatches) pairs')
+    for schedule, m in runs:
+        check_schedule(schedule, num_stages, m)
+        split_microbatches(X, y, m)  # enough examples
+
+def _stage_shapes(stages, x):
+    """The shape of each stage's output for the input x.
+
+    Defined in :numref:`sec_pipeline`"""
+    shapes = []
+    with _no_grad():
+        for layers in stages:
+            for layer in layers:
+                x = layer(x)
+            shapes.append(tuple(x.shape))
+    return shapes
+
+def idle_fraction(times):
+    """Share of the stages' time in a run that no step used.
+
+    Defined in :numref:`sec_pipeline`"""
+    if not times:
+        raise ValueError("times must hold a run's steps, as run_pipeline's")
+    span = max(t[4] for t in times) - min(t[3] for t in times)
+    busy = sum(end - start for *_, start, end in times)
+    return 1 - busy / (len({t[0] for t in times}) * span)
+
 import contextlib
 import math
 import numbers

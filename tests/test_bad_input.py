@@ -405,6 +405,12 @@ def small_net_args(d2l):
                 num_steps=1, batch_size=4, device='cpu')
 
 
+def pipeline_args(d2l, fw, **more):
+    """Four flat images and labels with a 2-stage MLP and a GPipe schedule."""
+    return dict(X=floats(fw, np.random.default_rng(0).random((4, 784))),
+                y=labels(fw, [0, 1, 2, 3]), **more)
+
+
 SWEEP = [
     Sweep('try_gpu', ALL, lambda d2l, fw: (d2l.try_gpu, dict(i=0)),
           {'i': 'count0'}, True),
@@ -515,6 +521,40 @@ SWEEP = [
             net_fn=d2l.count_trainable_params, devices=d2l.try_gpus(1),
             batch_size=8, lr=0.1, num_epochs=1)),
         {'batch_size': 'count', 'lr': 'rate', 'num_epochs': 'count'}, False),
+    Sweep('split_stages', ALL, lambda d2l, fw: (d2l.split_stages, dict(
+        layers=list(range(4)), num_stages=2)), {'num_stages': 'count'}, True),
+    Sweep('pipeline_mlp', ALL, lambda d2l, fw: (d2l.pipeline_mlp, dict(
+        depth=2, width=4, seed=0)),
+        {'depth': 'count', 'width': 'count', 'seed': 'count0'}, True),
+    Sweep('bubble_fraction', ALL, lambda d2l, fw: (d2l.bubble_fraction, dict(
+        num_stages=2, num_microbatches=4)),
+        {'num_stages': 'count', 'num_microbatches': 'count'}, True),
+    Sweep('pipeline_schedule', ALL, lambda d2l, fw: (d2l.pipeline_schedule,
+        dict(kind='1f1b', num_stages=2, num_microbatches=2)),
+        {'num_stages': 'count', 'num_microbatches': 'count'}, True),
+    Sweep('check_schedule', ALL, lambda d2l, fw: (d2l.check_schedule, dict(
+        schedule=d2l.pipeline_schedule('gpipe', 2, 2), num_stages=2,
+        num_microbatches=2)),
+        {'num_stages': 'count', 'num_microbatches': 'count'}, True),
+    Sweep('split_microbatches', ALL, lambda d2l, fw: (
+        d2l.split_microbatches, pipeline_args(d2l, fw, num_microbatches=2)),
+        {'num_microbatches': 'count'}, True),
+    Sweep('run_stage', ALL, lambda d2l, fw: (d2l.run_stage, dict(
+        layers=d2l.pipeline_mlp(1, 4), stage=0, num_stages=1,
+        steps=[('F', 0), ('B', 0)], Xs=[pipeline_args(d2l, fw)['X']],
+        ys=[pipeline_args(d2l, fw)['y']], device=d2l.try_gpu(), send=None,
+        recv=None)), {'stage': 'count0', 'num_stages': 'count'}, True),
+    Sweep('run_pipeline', ALL, lambda d2l, fw: (d2l.run_pipeline,
+        pipeline_args(d2l, fw, stages=d2l.split_stages(d2l.pipeline_mlp(
+            2, 4), 2), schedule=d2l.pipeline_schedule('gpipe', 2, 2),
+            num_microbatches=2, timeout_s=30)),
+        {'num_microbatches': 'count', 'timeout_s': 'real'}, True),
+    Sweep('time_pipeline', ALL, lambda d2l, fw: (d2l.time_pipeline,
+        pipeline_args(d2l, fw, runs=[(d2l.pipeline_schedule('gpipe', 2, 2),
+                                      2)], num_stages=2, depth=2, width=4,
+                      timeout_s=30)),
+        {'num_stages': 'count', 'depth': 'count', 'width': 'count',
+         'timeout_s': 'real'}, False),
 ]
 
 SWEEP_CASES = [(row, param, bad) for row in SWEEP for param, kind in
