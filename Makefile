@@ -10,7 +10,7 @@ D2LBOOK := $(BIN)/python scripts/d2lbook
 PYTEST_WORKERS ?= 2
 export PYTEST_WORKERS
 
-.PHONY: help setup lib eval html pdf book publish outputs-status test test-unit test-notebooks test-numpy2 test-browser test-pdf test-rendered bench clean
+.PHONY: help setup lib eval html pdf book publish outputs-status test test-unit test-notebooks test-numpy2 test-browser test-pdf test-rendered bench gpu-run clean
 
 help:  ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
@@ -66,6 +66,10 @@ test-rendered: setup  ## Render that scratch copy to HTML and PDF; browser and P
 
 bench: setup  ## Benchmark the book's training code into _build/bench (BENCH_ARGS=--full on a GPU machine)
 	$(BIN)/python bench/run.py $(BENCH_ARGS)
+
+GPU_PYTHON ?= python3
+gpu-run:  ## On a GPU machine, with only PyTorch, NumPy and matplotlib: the PyTorch tab of every page in full mode into _build/gpu-run (GPU_RUN_ARGS)
+	$(GPU_PYTHON) scripts/gpu_run.py $(GPU_RUN_ARGS)
 
 clean:  ## Remove generated output (keeps .venv)
 	rm -rf _build

@@ -1772,7 +1772,8 @@ def describe_ddp_run(summary):
             f'rank {s["rank"]} on {s["device"]}\n{s["data"]}\n'
             f'training loss per epoch: {losses}\n'
             f'test accuracy per epoch: {accuracies}\n'
-            f'{sum(s["epoch_s"]) / len(s["epoch_s"]):.1f} s per epoch')
+            f'test accuracy {s["test_acc"][-1]:.3f}, '
+            f'{sum(s["epoch_s"]) / len(s["epoch_s"]):.1f} s/epoch')
 
 def timing_batch(global_batch):
     """The first `global_batch` training images and labels, for timing runs.
