@@ -1466,6 +1466,233 @@ def zero_params(states, stage):
         return onp.concatenate([s['params'].asnumpy() for s in states])
     return states[0]['params'].asnumpy()
 
+import collections
+import numpy
+
+class CountingAllreduce:
+    """Sums arrays in place over the workers of a dist_sync store, counting bytes by exchange name."""
+    def __init__(self, group=None):
+        """Defined in :numref:`sec_tensor_parallelism`"""
+        self.kv = _dist_store() if group is None else group[0]
+        self.slot, self.slots, members = (0, 1, None) if group is None \
+            else group[1:]  # see mesh_allreduces
+        members = members or list(range(self.kv.num_workers))
+        self.size, self.rank = len(members), members.index(self.kv.rank)
+        self.sent, self.keys = collections.Counter(), set()
+
+    def __call__(self, x, name):
+        if self.size > 1:  # one worker sends nothing
+            y = x.as_np_ndarray() if hasattr(x, 'as_np_ndarray') else x
+            buf = np.zeros((self.slots,) + y.shape)  # one slot per group
+            buf[self.slot] = y
+            key = f'{name}{buf.shape}'
+            if key not in self.keys:  # waits for every worker
+                self.kv.init(key, np.zeros_like(buf))
+                self.keys.add(key)
+            self.sent[name] += buf.size * 4
+            self.kv.push(key, buf)
+            self.kv.pull(key, out=buf)
+            y[:] = buf[self.slot]
+        return x
+
+class _CopyToRanks(autograd.Function):
+    """Identity forward; the backward pass sums the gradient over the ranks.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    def __init__(self, allreduce):
+        super().__init__()
+        self.allreduce = allreduce
+
+    def forward(self, x):
+        return x.copy()
+
+    def backward(self, grad):
+        return self.allreduce(grad.copy(), 'backward')
+
+class _SumOverRanks(autograd.Function):
+    """The forward pass sums over the ranks; identity backward.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    def __init__(self, allreduce):
+        super().__init__()
+        self.allreduce = allreduce
+
+    def forward(self, x):
+        return self.allreduce(x.copy(), 'forward')
+
+    def backward(self, grad):
+        return grad.copy()
+
+def _check_arrangement(allreduce, kind, shape, checksum):
+    """Raise on every rank unless all ranks build the same layer from the same weights.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    table = numpy.zeros((allreduce.size, 4), 'float32')
+    table[allreduce.rank] = [kind, *shape, checksum]
+    mine = _from_numpy(table)
+    found = _to_numpy(allreduce(mine, 'check'))
+    for rank, row in enumerate(found):
+        if not numpy.allclose(row, found[0], rtol=1e-5):
+            names = {1: 'ColumnParallelLinear', 2: 'RowParallelLinear'}
+            raise ValueError(
+                f'rank {rank} builds {names.get(int(row[0]))}{tuple(row[1:3])}'
+                f' where rank 0 builds {names.get(int(found[0][0]))}'
+                f'{tuple(found[0][1:3])} (or from other weights): every rank '
+                f'must build the same layers from the same model, in order')
+
+def _check_row_input(got, expected, k):
+    """Raise unless a row-parallel layer's input has the columns of its slice.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    if got != expected:
+        raise ValueError(
+            f'RowParallelLinear expects {expected} input features on this '
+            f'rank, its slice of the hidden units; got {got}: feed it the '
+            f'output of a ColumnParallelLinear split over the same {k} ranks')
+
+def _tp_slice(n, allreduce):
+    """The slice of `n` features that this rank keeps.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    sizes = shard_sizes(n, allreduce.size)
+    lo = sum(sizes[:allreduce.rank])
+    return slice(lo, lo + sizes[allreduce.rank])
+
+_from_numpy = np.array
+_to_numpy = lambda x: x.asnumpy()
+_stores = []  # a process joins its dist_sync job once
+
+def _dist_store():
+    """This worker's dist_sync key-value store, created on first use.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    if not _stores:
+        _stores.append(mx.kv.create('dist_sync'))
+    return _stores[0]
+
+def _group(rank, world_size, init_method):
+    """MXNet's workers form no group: their store connects them.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    return contextlib.nullcontext()
+
+def _parameter(block, name, value):
+    """A parameter `name` of `block` holding a copy of the array `value`.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    param = block.params.get(name, shape=value.shape)
+    param.initialize(ctx=value.ctx)
+    param.set_data(value.copy())
+    return param
+
+class ColumnParallelLinear(nn.Block):
+    """This rank's block of the output columns of the linear layer `linear`.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    shard_axes = (0, 0)  # weight (out, in) and bias are cut along axis 0
+
+    def __init__(self, linear, allreduce):
+        super().__init__()
+        w, b = linear.weight.data(), linear.bias.data()
+        _check_arrangement(allreduce, 1, w.shape[::-1], float(w.sum()))
+        cut = _tp_slice(w.shape[0], allreduce)
+        self.weight = _parameter(self, 'weight', w[cut])
+        self.bias = _parameter(self, 'bias', b[cut])
+        self.allreduce = allreduce
+
+    def forward(self, X):
+        X = _CopyToRanks(self.allreduce)(X)
+        return np.dot(X, self.weight.data().T) + self.bias.data()
+
+class RowParallelLinear(nn.Block):
+    """This rank's block of the input rows of `linear`; the outputs are summed over the ranks.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    shard_axes = (1, None)  # the bias is whole on every rank
+
+    def __init__(self, linear, allreduce):
+        super().__init__()
+        w, b = linear.weight.data(), linear.bias.data()
+        _check_arrangement(allreduce, 2, w.shape[::-1], float(w.sum()))
+        cut = _tp_slice(w.shape[1], allreduce)
+        self.weight = _parameter(self, 'weight', w[:, cut])
+        self.bias = _parameter(self, 'bias', b)
+        self.allreduce = allreduce
+
+    def forward(self, H):
+        _check_row_input(H.shape[-1], self.weight.shape[1],
+                         self.allreduce.size)
+        partial = np.dot(H, self.weight.data().T)
+        return _SumOverRanks(self.allreduce)(partial) + self.bias.data()
+
+def block_mlp(d, hidden, seed=0):
+    """A transformer-style MLP block, d -> hidden -> ReLU -> d, from `seed`.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    mx.random.seed(seed)
+    net = nn.Sequential()
+    net.add(nn.Dense(hidden, in_units=d), nn.Activation('relu'),
+            nn.Dense(d, in_units=hidden))
+    net.initialize(init.Xavier())
+    return net
+
+def tp_mlp(mlp, allreduce):
+    """Defined in :numref:`sec_tensor_parallelism`"""
+    """This rank's part of `mlp` (linear, ReLU, linear): column-, then row-parallel."""
+    net = nn.Sequential()
+    net.add(ColumnParallelLinear(mlp[0], allreduce), mlp[1],
+            RowParallelLinear(mlp[2], allreduce))
+    return net
+
+def mlp_pass(net, X, Y):
+    """Output, loss and gradients (the input's, then the parameters') of one pass.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    X = X.copy()
+    X.attach_grad()
+    with autograd.record():
+        Z = net(X)
+        loss = ((Z - Y) ** 2).mean()
+    loss.backward()
+    return {'Z': _to_numpy(Z), 'loss': loss.item(), 'dX': _to_numpy(X.grad),
+            'grads': [_to_numpy(p.grad())
+                      for p in net.collect_params().values()]}
+
+def mlp_data(batch_size, d, seed=0):
+    """A random minibatch: inputs and targets, both batch_size x d.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    _check_count(batch_size, 'batch_size', 1)
+    _check_count(d, 'd', 1)
+    rng = numpy.random.default_rng(seed)
+    return [_from_numpy(rng.standard_normal((batch_size, d)).astype('float32'))
+            for _ in range(2)]
+
+def _shard_axes(net):
+    """For each parameter of `net`, the axis its slices are cut along (None: whole).
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    return [axis for i in range(len(net))
+            for axis in getattr(net[i], 'shard_axes', ())]
+
+def _tp_mlp_worker(rank, world_size, init_method, d, hidden, batch_size):
+    """Worker: one pass of the tensor-parallel MLP block; return results and bytes.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    with _group(rank, world_size, init_method):
+        allreduce = CountingAllreduce()
+        net = tp_mlp(block_mlp(d, hidden), allreduce)
+        result = mlp_pass(net, *mlp_data(batch_size, d))
+        return dict(result, sent=dict(allreduce.sent), axes=_shard_axes(net))
+
+def gather_shards(results, key='grads'):
+    """Whole arrays from the slices that the ranks returned under `key`.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    return [results[0][key][i] if axis is None else
+            numpy.concatenate([r[key][i] for r in results], axis)
+            for i, axis in enumerate(results[0]['axes'])]
+
 import contextlib
 import math
 import numbers

@@ -1848,6 +1848,188 @@ def _fsdp_vs_ddp(rank, world_size, init_method, num_steps, batch_size, lr):
                              _full_parameters(net))
         return results
 
+import collections
+import numpy
+
+class CountingAllreduce:
+    """Sums tensors in place over the ranks of `group`, counting bytes by exchange name."""
+    def __init__(self, group=None):
+        """Defined in :numref:`sec_tensor_parallelism`"""
+        self.group = group
+        self.size = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+        self.sent = collections.Counter()
+
+    def __call__(self, x, name):
+        if self.size > 1:  # one rank sends nothing
+            self.sent[name] += x.numel() * x.element_size()
+            dist.all_reduce(x, group=self.group)
+        return x
+
+class _CopyToRanks(torch.autograd.Function):
+    """Identity forward; the backward pass sums the gradient over the ranks.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    @staticmethod
+    def forward(ctx, x, allreduce):
+        ctx.allreduce = allreduce
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return ctx.allreduce(grad.clone(), 'backward'), None
+
+class _SumOverRanks(torch.autograd.Function):
+    """The forward pass sums over the ranks; identity backward.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    @staticmethod
+    def forward(ctx, x, allreduce):
+        return allreduce(x.clone(), 'forward')
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+def _check_arrangement(allreduce, kind, shape, checksum):
+    """Raise on every rank unless all ranks build the same layer from the same weights.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    table = numpy.zeros((allreduce.size, 4), 'float32')
+    table[allreduce.rank] = [kind, *shape, checksum]
+    mine = _from_numpy(table)
+    found = _to_numpy(allreduce(mine, 'check'))
+    for rank, row in enumerate(found):
+        if not numpy.allclose(row, found[0], rtol=1e-5):
+            names = {1: 'ColumnParallelLinear', 2: 'RowParallelLinear'}
+            raise ValueError(
+                f'rank {rank} builds {names.get(int(row[0]))}{tuple(row[1:3])}'
+                f' where rank 0 builds {names.get(int(found[0][0]))}'
+                f'{tuple(found[0][1:3])} (or from other weights): every rank '
+                f'must build the same layers from the same model, in order')
+
+def _check_row_input(got, expected, k):
+    """Raise unless a row-parallel layer's input has the columns of its slice.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    if got != expected:
+        raise ValueError(
+            f'RowParallelLinear expects {expected} input features on this '
+            f'rank, its slice of the hidden units; got {got}: feed it the '
+            f'output of a ColumnParallelLinear split over the same {k} ranks')
+
+def _tp_slice(n, allreduce):
+    """The slice of `n` features that this rank keeps.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    sizes = shard_sizes(n, allreduce.size)
+    lo = sum(sizes[:allreduce.rank])
+    return slice(lo, lo + sizes[allreduce.rank])
+
+_from_numpy = torch.from_numpy
+_to_numpy = lambda x: x.detach().numpy()
+_group = process_group
+
+class ColumnParallelLinear(nn.Module):
+    """This rank's block of the output columns of the linear layer `linear`.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    shard_axes = (0, 0)  # weight (out, in) and bias are cut along axis 0
+
+    def __init__(self, linear, allreduce):
+        super().__init__()
+        _check_arrangement(allreduce, 1, linear.weight.shape[::-1],
+                           float(linear.weight.sum()))
+        cut = _tp_slice(linear.out_features, allreduce)
+        self.weight = nn.Parameter(linear.weight.detach()[cut].clone())
+        self.bias = nn.Parameter(linear.bias.detach()[cut].clone())
+        self.allreduce = allreduce
+
+    def forward(self, X):
+        X = _CopyToRanks.apply(X, self.allreduce)
+        return X @ self.weight.T + self.bias
+
+class RowParallelLinear(nn.Module):
+    """This rank's block of the input rows of `linear`; the outputs are summed over the ranks.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    shard_axes = (1, None)  # the bias is whole on every rank
+
+    def __init__(self, linear, allreduce):
+        super().__init__()
+        _check_arrangement(allreduce, 2, linear.weight.shape[::-1],
+                           float(linear.weight.sum()))
+        cut = _tp_slice(linear.in_features, allreduce)
+        self.weight = nn.Parameter(linear.weight.detach()[:, cut].clone())
+        self.bias = nn.Parameter(linear.bias.detach().clone())
+        self.allreduce = allreduce
+
+    def forward(self, H):
+        _check_row_input(H.shape[-1], self.weight.shape[1],
+                         self.allreduce.size)
+        partial = H @ self.weight.T
+        return _SumOverRanks.apply(partial, self.allreduce) + self.bias
+
+def block_mlp(d, hidden, seed=0):
+    """A transformer-style MLP block, d -> hidden -> ReLU -> d, from `seed`.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(d, hidden), nn.ReLU(),
+                         nn.Linear(hidden, d))
+
+def tp_mlp(mlp, allreduce):
+    """Defined in :numref:`sec_tensor_parallelism`"""
+    """This rank's part of `mlp` (linear, ReLU, linear): column-, then row-parallel."""
+    return nn.Sequential(ColumnParallelLinear(mlp[0], allreduce), mlp[1],
+                         RowParallelLinear(mlp[2], allreduce))
+
+def mlp_pass(net, X, Y):
+    """Output, loss and gradients (the input's, then the parameters') of one pass.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    X = X.clone().requires_grad_()
+    Z = net(X)
+    loss = ((Z - Y) ** 2).mean()
+    loss.backward()
+    return {'Z': _to_numpy(Z), 'loss': loss.item(), 'dX': _to_numpy(X.grad),
+            'grads': [_to_numpy(p.grad) for p in net.parameters()]}
+
+def mlp_data(batch_size, d, seed=0):
+    """A random minibatch: inputs and targets, both batch_size x d.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    _check_count(batch_size, 'batch_size', 1)
+    _check_count(d, 'd', 1)
+    rng = numpy.random.default_rng(seed)
+    return [_from_numpy(rng.standard_normal((batch_size, d)).astype('float32'))
+            for _ in range(2)]
+
+def _shard_axes(net):
+    """For each parameter of `net`, the axis its slices are cut along (None: whole).
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    return [axis for i in range(len(net))
+            for axis in getattr(net[i], 'shard_axes', ())]
+
+def _tp_mlp_worker(rank, world_size, init_method, d, hidden, batch_size):
+    """Worker: one pass of the tensor-parallel MLP block; return results and bytes.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    with _group(rank, world_size, init_method):
+        allreduce = CountingAllreduce()
+        net = tp_mlp(block_mlp(d, hidden), allreduce)
+        result = mlp_pass(net, *mlp_data(batch_size, d))
+        return dict(result, sent=dict(allreduce.sent), axes=_shard_axes(net))
+
+def gather_shards(results, key='grads'):
+    """Whole arrays from the slices that the ranks returned under `key`.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    return [results[0][key][i] if axis is None else
+            numpy.concatenate([r[key][i] for r in results], axis)
+            for i, axis in enumerate(results[0]['axes'])]
+
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 import contextlib
