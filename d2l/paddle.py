@@ -1960,14 +1960,21 @@ def _check_arrangement(allreduce, kind, shape, checksum):
     table[allreduce.rank] = [kind, *shape, checksum]
     mine = _from_numpy(table)
     found = _to_numpy(allreduce(mine, 'check'))
+    names = {1: 'ColumnParallelLinear', 2: 'RowParallelLinear'}
+    def describe(row):
+        return f'{names[int(row[0])]}({int(row[1])}, {int(row[2])})'
+
     for rank, row in enumerate(found):
-        if not numpy.allclose(row, found[0], rtol=1e-5):
-            names = {1: 'ColumnParallelLinear', 2: 'RowParallelLinear'}
+        if not numpy.array_equal(row[:3], found[0][:3]):
             raise ValueError(
-                f'rank {rank} builds {names.get(int(row[0]))}{tuple(row[1:3])}'
-                f' where rank 0 builds {names.get(int(found[0][0]))}'
-                f'{tuple(found[0][1:3])} (or from other weights): every rank '
-                f'must build the same layers from the same model, in order')
+                f'rank {rank} builds {describe(row)} where rank 0 builds '
+                f'{describe(found[0])}: every rank must build the same '
+                f'layers in the same order')
+        if not numpy.isclose(row[3], found[0][3], rtol=1e-5):
+            raise ValueError(
+                f'rank {rank} builds {describe(row)} from other weights than '
+                f'rank 0 (weight sums {row[3]:.4f} and {found[0][3]:.4f}): '
+                f'build every rank\'s layers from the same model')
 
 def _check_row_input(got, expected, k):
     """Raise unless a row-parallel layer's input has the columns of its slice.
@@ -2098,6 +2105,47 @@ def gather_shards(results, key='grads'):
     return [results[0][key][i] if axis is None else
             numpy.concatenate([r[key][i] for r in results], axis)
             for i, axis in enumerate(results[0]['axes'])]
+
+def _tp_wrong_worker(rank, world_size, init_method, d, hidden):
+    """Worker: three wrong arrangements of the MLP block; return the errors raised.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    with _group(rank, world_size, init_method):
+        allreduce, mlp, errors = CountingAllreduce(), block_mlp(d, hidden), []
+        X, _ = mlp_data(4, d)
+        mistakes = [
+            lambda: ColumnParallelLinear(mlp[0], allreduce) if rank == 0
+            else RowParallelLinear(mlp[2], allreduce),
+            lambda: RowParallelLinear(mlp[2], allreduce)(mlp[1](mlp[0](X))),
+            lambda: tp_mlp(block_mlp(d, hidden, seed=rank), allreduce)]
+        for mistake in mistakes:
+            try:
+                mistake()
+            except ValueError as error:
+                errors.append(str(error))
+        return errors
+
+from paddle.distributed import fleet
+
+
+def _fleet_tp_demo(rank, world_size, init_method, d, hidden):
+    """Worker: try PaddlePaddle's own tensor-parallel layers; return shapes or the error.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    with process_group(rank, world_size, init_method):
+        strategy = fleet.DistributedStrategy()
+        strategy.hybrid_configs = {'dp_degree': 1, 'pp_degree': 1,
+                                   'mp_degree': world_size}
+        fleet.init(is_collective=True, strategy=strategy)
+        layers = fleet.meta_parallel
+        column = layers.ColumnParallelLinear(d, hidden, gather_output=False,
+                                             has_bias=True)
+        shapes = {'column weight': list(column.weight.shape)}
+        try:
+            column(mlp_data(4, d)[0])
+        except RuntimeError as error:  # its first line says why
+            return shapes, str(error).strip().split('\n')[0]
+        return shapes, 'the forward pass ran'
 
 import contextlib
 import math

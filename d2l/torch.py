@@ -1899,14 +1899,21 @@ def _check_arrangement(allreduce, kind, shape, checksum):
     table[allreduce.rank] = [kind, *shape, checksum]
     mine = _from_numpy(table)
     found = _to_numpy(allreduce(mine, 'check'))
+    names = {1: 'ColumnParallelLinear', 2: 'RowParallelLinear'}
+    def describe(row):
+        return f'{names[int(row[0])]}({int(row[1])}, {int(row[2])})'
+
     for rank, row in enumerate(found):
-        if not numpy.allclose(row, found[0], rtol=1e-5):
-            names = {1: 'ColumnParallelLinear', 2: 'RowParallelLinear'}
+        if not numpy.array_equal(row[:3], found[0][:3]):
             raise ValueError(
-                f'rank {rank} builds {names.get(int(row[0]))}{tuple(row[1:3])}'
-                f' where rank 0 builds {names.get(int(found[0][0]))}'
-                f'{tuple(found[0][1:3])} (or from other weights): every rank '
-                f'must build the same layers from the same model, in order')
+                f'rank {rank} builds {describe(row)} where rank 0 builds '
+                f'{describe(found[0])}: every rank must build the same '
+                f'layers in the same order')
+        if not numpy.isclose(row[3], found[0][3], rtol=1e-5):
+            raise ValueError(
+                f'rank {rank} builds {describe(row)} from other weights than '
+                f'rank 0 (weight sums {row[3]:.4f} and {found[0][3]:.4f}): '
+                f'build every rank\'s layers from the same model')
 
 def _check_row_input(got, expected, k):
     """Raise unless a row-parallel layer's input has the columns of its slice.
@@ -1926,9 +1933,13 @@ def _tp_slice(n, allreduce):
     lo = sum(sizes[:allreduce.rank])
     return slice(lo, lo + sizes[allreduce.rank])
 
-_from_numpy = torch.from_numpy
-_to_numpy = lambda x: x.detach().numpy()
-_group = process_group
+_from_numpy, _group = torch.from_numpy, process_group
+
+def _to_numpy(x):
+    """A NumPy copy of the tensor `x`, gathered first if it is a DTensor.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    return (x.full_tensor() if hasattr(x, 'full_tensor') else x).detach().numpy()
 
 class ColumnParallelLinear(nn.Module):
     """This rank's block of the output columns of the linear layer `linear`.
@@ -2029,6 +2040,45 @@ def gather_shards(results, key='grads'):
     return [results[0][key][i] if axis is None else
             numpy.concatenate([r[key][i] for r in results], axis)
             for i, axis in enumerate(results[0]['axes'])]
+
+def _tp_wrong_worker(rank, world_size, init_method, d, hidden):
+    """Worker: three wrong arrangements of the MLP block; return the errors raised.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    with _group(rank, world_size, init_method):
+        allreduce, mlp, errors = CountingAllreduce(), block_mlp(d, hidden), []
+        X, _ = mlp_data(4, d)
+        mistakes = [
+            lambda: ColumnParallelLinear(mlp[0], allreduce) if rank == 0
+            else RowParallelLinear(mlp[2], allreduce),
+            lambda: RowParallelLinear(mlp[2], allreduce)(mlp[1](mlp[0](X))),
+            lambda: tp_mlp(block_mlp(d, hidden, seed=rank), allreduce)]
+        for mistake in mistakes:
+            try:
+                mistake()
+            except ValueError as error:
+                errors.append(str(error))
+        return errors
+
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor.parallel import (ColwiseParallel,
+                                               RowwiseParallel,
+                                               parallelize_module)
+
+
+def _parallelize_module_demo(rank, world_size, init_method, d, hidden,
+                             batch_size):
+    """Worker: one pass of the MLP block under parallelize_module.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    with process_group(rank, world_size, init_method) as device:
+        mesh = init_device_mesh(device.type, (world_size,))
+        net = parallelize_module(block_mlp(d, hidden), mesh, {
+            '0': ColwiseParallel(), '2': RowwiseParallel()})
+        result = mlp_pass(net, *mlp_data(batch_size, d))
+        result['shapes'] = {name: tuple(p.to_local().shape)
+                            for name, p in net.named_parameters()}
+        return result
 
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
