@@ -1719,6 +1719,33 @@ def _tp_wrong_worker(rank, world_size, init_method, d, hidden):
                 errors.append(str(error))
         return errors
 
+def mesh_allreduces(dp, tp):
+    """This worker's (data-parallel, tensor-parallel) CountingAllreduce in a dp x tp mesh.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    kv = _dist_store()
+    i, j = divmod(kv.rank, tp)
+    data = [row * tp + j for row in range(dp)]
+    tensor = [i * tp + col for col in range(tp)]
+    return (CountingAllreduce((kv, j, tp, data)),
+            CountingAllreduce((kv, i, dp, tensor)))
+
+def _mesh_worker(rank, world_size, init_method, d, hidden, batch_size):
+    """Worker: one pass of the MLP block on a 2 x 2 mesh; return gradients and bytes.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    with _group(rank, world_size, init_method):
+        data, tensor = mesh_allreduces(2, 2)
+        net = tp_mlp(block_mlp(d, hidden), tensor)
+        half = slice(rank // 2 * batch_size // 2,
+                     (rank // 2 + 1) * batch_size // 2)
+        X, Y = mlp_data(batch_size, d)
+        result = mlp_pass(net, X[half], Y[half])
+        grads = [_to_numpy(data(_from_numpy(g), 'gradients')) / 2
+                 for g in result['grads']]
+        return {'grads': grads, 'axes': _shard_axes(net),
+                'tensor': dict(tensor.sent), 'data': dict(data.sent)}
+
 import contextlib
 import math
 import numbers

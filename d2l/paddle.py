@@ -1998,6 +1998,14 @@ _from_numpy = paddle.to_tensor
 _to_numpy = lambda x: x.numpy()
 _group = process_group
 
+def _new_group(ranks):
+    """A process group of `ranks`, formed before the next one starts.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    group = dist.new_group(ranks)
+    dist.barrier()  # Gloo groups formed at once could fail to connect
+    return group
+
 def _parameter(layer, value):
     """A parameter of `layer` holding a copy of the NumPy array `value`.
 
@@ -2146,6 +2154,36 @@ def _fleet_tp_demo(rank, world_size, init_method, d, hidden):
         except RuntimeError as error:  # its first line says why
             return shapes, str(error).strip().split('\n')[0]
         return shapes, 'the forward pass ran'
+
+def mesh_allreduces(dp, tp):
+    """This rank's (data-parallel, tensor-parallel) CountingAllreduce in a dp x tp mesh.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    rank, groups = dist.get_rank(), {}
+    for i in range(dp):  # every rank creates every group, in this order
+        ranks = [i * tp + j for j in range(tp)]
+        groups[tuple(ranks)] = _new_group(ranks)
+    for j in range(tp):
+        ranks = [i * tp + j for i in range(dp)]
+        groups[tuple(ranks)] = _new_group(ranks)
+    mine = [g for ranks, g in groups.items() if rank in ranks]
+    return CountingAllreduce(mine[1]), CountingAllreduce(mine[0])
+
+def _mesh_worker(rank, world_size, init_method, d, hidden, batch_size):
+    """Worker: one pass of the MLP block on a 2 x 2 mesh; return gradients and bytes.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    with _group(rank, world_size, init_method):
+        data, tensor = mesh_allreduces(2, 2)
+        net = tp_mlp(block_mlp(d, hidden), tensor)
+        half = slice(rank // 2 * batch_size // 2,
+                     (rank // 2 + 1) * batch_size // 2)
+        X, Y = mlp_data(batch_size, d)
+        result = mlp_pass(net, X[half], Y[half])
+        grads = [_to_numpy(data(_from_numpy(g), 'gradients')) / 2
+                 for g in result['grads']]
+        return {'grads': grads, 'axes': _shard_axes(net),
+                'tensor': dict(tensor.sent), 'data': dict(data.sent)}
 
 import contextlib
 import math

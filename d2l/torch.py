@@ -1934,6 +1934,7 @@ def _tp_slice(n, allreduce):
     return slice(lo, lo + sizes[allreduce.rank])
 
 _from_numpy, _group = torch.from_numpy, process_group
+_new_group = dist.new_group
 
 def _to_numpy(x):
     """A NumPy copy of the tensor `x`, gathered first if it is a DTensor.
@@ -2079,6 +2080,36 @@ def _parallelize_module_demo(rank, world_size, init_method, d, hidden,
         result['shapes'] = {name: tuple(p.to_local().shape)
                             for name, p in net.named_parameters()}
         return result
+
+def mesh_allreduces(dp, tp):
+    """This rank's (data-parallel, tensor-parallel) CountingAllreduce in a dp x tp mesh.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    rank, groups = dist.get_rank(), {}
+    for i in range(dp):  # every rank creates every group, in this order
+        ranks = [i * tp + j for j in range(tp)]
+        groups[tuple(ranks)] = _new_group(ranks)
+    for j in range(tp):
+        ranks = [i * tp + j for i in range(dp)]
+        groups[tuple(ranks)] = _new_group(ranks)
+    mine = [g for ranks, g in groups.items() if rank in ranks]
+    return CountingAllreduce(mine[1]), CountingAllreduce(mine[0])
+
+def _mesh_worker(rank, world_size, init_method, d, hidden, batch_size):
+    """Worker: one pass of the MLP block on a 2 x 2 mesh; return gradients and bytes.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    with _group(rank, world_size, init_method):
+        data, tensor = mesh_allreduces(2, 2)
+        net = tp_mlp(block_mlp(d, hidden), tensor)
+        half = slice(rank // 2 * batch_size // 2,
+                     (rank // 2 + 1) * batch_size // 2)
+        X, Y = mlp_data(batch_size, d)
+        result = mlp_pass(net, X[half], Y[half])
+        grads = [_to_numpy(data(_from_numpy(g), 'gradients')) / 2
+                 for g in result['grads']]
+        return {'grads': grads, 'axes': _shard_axes(net),
+                'tensor': dict(tensor.sent), 'data': dict(data.sent)}
 
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
