@@ -1470,7 +1470,7 @@ import collections
 import numpy
 
 class CountingAllreduce:
-    """Sums arrays in place over the workers of a dist_sync store, counting bytes by exchange name."""
+    """Sums arrays in place through a dist_sync store; counts the bytes."""
     def __init__(self, group=None):
         """Defined in :numref:`sec_tensor_parallelism`"""
         self.kv = _dist_store() if group is None else group[0]
@@ -1524,7 +1524,7 @@ class _SumOverRanks(autograd.Function):
         return grad.copy()
 
 def _check_arrangement(allreduce, kind, shape, checksum):
-    """Raise on every rank unless all ranks build the same layer from the same weights.
+    """Raise on every rank unless all build one layer from one model.
 
     Defined in :numref:`sec_tensor_parallelism`"""
     table = numpy.zeros((allreduce.size, 4), 'float32')
@@ -1548,7 +1548,7 @@ def _check_arrangement(allreduce, kind, shape, checksum):
                 f'build every rank\'s layers from the same model')
 
 def _check_row_input(got, expected, k):
-    """Raise unless a row-parallel layer's input has the columns of its slice.
+    """Raise unless a row-parallel layer's input has its slice's columns.
 
     Defined in :numref:`sec_tensor_parallelism`"""
     if got != expected:
@@ -1612,7 +1612,7 @@ class ColumnParallelLinear(nn.Block):
         return np.dot(X, self.weight.data().T) + self.bias.data()
 
 class RowParallelLinear(nn.Block):
-    """This rank's block of the input rows of `linear`; the outputs are summed over the ranks.
+    """This rank's block of the input rows of `linear`; sums the outputs.
 
     Defined in :numref:`sec_tensor_parallelism`"""
     shard_axes = (1, None)  # the bias is whole on every rank
@@ -1644,15 +1644,16 @@ def block_mlp(d, hidden, seed=0):
     return net
 
 def tp_mlp(mlp, allreduce):
-    """Defined in :numref:`sec_tensor_parallelism`"""
-    """This rank's part of `mlp` (linear, ReLU, linear): column-, then row-parallel."""
+    """This rank's part of `mlp` (linear, ReLU, linear), split in two ways.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
     net = nn.Sequential()
     net.add(ColumnParallelLinear(mlp[0], allreduce), mlp[1],
             RowParallelLinear(mlp[2], allreduce))
     return net
 
 def mlp_pass(net, X, Y):
-    """Output, loss and gradients (the input's, then the parameters') of one pass.
+    """Output, loss and gradients (input's, then parameters') of one pass.
 
     Defined in :numref:`sec_tensor_parallelism`"""
     X = X.copy()
@@ -1676,14 +1677,14 @@ def mlp_data(batch_size, d, seed=0):
             for _ in range(2)]
 
 def _shard_axes(net):
-    """For each parameter of `net`, the axis its slices are cut along (None: whole).
+    """For each parameter of `net`, the axis its slices are cut along.
 
     Defined in :numref:`sec_tensor_parallelism`"""
     return [axis for i in range(len(net))
             for axis in getattr(net[i], 'shard_axes', ())]
 
 def _tp_mlp_worker(rank, world_size, init_method, d, hidden, batch_size):
-    """Worker: one pass of the tensor-parallel MLP block; return results and bytes.
+    """Worker: one pass of the tensor-parallel MLP block; results and bytes.
 
     Defined in :numref:`sec_tensor_parallelism`"""
     with _group(rank, world_size, init_method):
@@ -1701,7 +1702,7 @@ def gather_shards(results, key='grads'):
             for i, axis in enumerate(results[0]['axes'])]
 
 def _tp_wrong_worker(rank, world_size, init_method, d, hidden):
-    """Worker: three wrong arrangements of the MLP block; return the errors raised.
+    """Worker: three wrong arrangements of the MLP block; the errors raised.
 
     Defined in :numref:`sec_tensor_parallelism`"""
     with _group(rank, world_size, init_method):
@@ -1720,7 +1721,7 @@ def _tp_wrong_worker(rank, world_size, init_method, d, hidden):
         return errors
 
 def mesh_allreduces(dp, tp):
-    """This worker's (data-parallel, tensor-parallel) CountingAllreduce in a dp x tp mesh.
+    """This worker's (data, tensor) CountingAllreduce in a dp x tp mesh.
 
     Defined in :numref:`sec_tensor_parallelism`"""
     kv = _dist_store()
@@ -1731,7 +1732,7 @@ def mesh_allreduces(dp, tp):
             CountingAllreduce((kv, i, dp, tensor)))
 
 def _mesh_worker(rank, world_size, init_method, d, hidden, batch_size):
-    """Worker: one pass of the MLP block on a 2 x 2 mesh; return gradients and bytes.
+    """Worker: one pass of the MLP block on a 2 x 2 mesh, and its bytes.
 
     Defined in :numref:`sec_tensor_parallelism`"""
     with _group(rank, world_size, init_method):

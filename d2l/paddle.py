@@ -1913,7 +1913,7 @@ import collections
 import numpy
 
 class CountingAllreduce:
-    """Sums tensors in place over the ranks of `group`, counting bytes by exchange name."""
+    """Sums tensors in place over the ranks of `group`; counts the bytes."""
     def __init__(self, group=None):
         """Defined in :numref:`sec_tensor_parallelism`"""
         self.group = group
@@ -1923,7 +1923,7 @@ class CountingAllreduce:
 
     def __call__(self, x, name):
         if self.size > 1:  # one rank sends nothing
-            self.sent[name] += x.size * x.element_size()
+            self.sent[name] += _nbytes(x)
             dist.all_reduce(x, group=self.group)
         return x
 
@@ -1953,7 +1953,7 @@ class _SumOverRanks(paddle.autograd.PyLayer):
         return grad
 
 def _check_arrangement(allreduce, kind, shape, checksum):
-    """Raise on every rank unless all ranks build the same layer from the same weights.
+    """Raise on every rank unless all build one layer from one model.
 
     Defined in :numref:`sec_tensor_parallelism`"""
     table = numpy.zeros((allreduce.size, 4), 'float32')
@@ -1977,7 +1977,7 @@ def _check_arrangement(allreduce, kind, shape, checksum):
                 f'build every rank\'s layers from the same model')
 
 def _check_row_input(got, expected, k):
-    """Raise unless a row-parallel layer's input has the columns of its slice.
+    """Raise unless a row-parallel layer's input has its slice's columns.
 
     Defined in :numref:`sec_tensor_parallelism`"""
     if got != expected:
@@ -1994,9 +1994,9 @@ def _tp_slice(n, allreduce):
     lo = sum(sizes[:allreduce.rank])
     return slice(lo, lo + sizes[allreduce.rank])
 
-_from_numpy = paddle.to_tensor
+_from_numpy, _group = paddle.to_tensor, process_group
 _to_numpy = lambda x: x.numpy()
-_group = process_group
+_nbytes = lambda x: x.size * x.element_size()
 
 def _new_group(ranks):
     """A process group of `ranks`, formed before the next one starts.
@@ -2033,7 +2033,7 @@ class ColumnParallelLinear(nn.Layer):
         return X @ self.weight + self.bias
 
 class RowParallelLinear(nn.Layer):
-    """This rank's block of the input rows of `linear`; the outputs are summed over the ranks.
+    """This rank's block of the input rows of `linear`; sums the outputs.
 
     Defined in :numref:`sec_tensor_parallelism`"""
     shard_axes = (0, None)  # the bias is whole on every rank
@@ -2057,22 +2057,23 @@ def block_mlp(d, hidden, seed=0):
     """A transformer-style MLP block, d -> hidden -> ReLU -> d, from `seed`.
 
     Defined in :numref:`sec_tensor_parallelism`"""
-    paddle.seed(seed)
+    _manual_seed(seed)
     return nn.Sequential(nn.Linear(d, hidden), nn.ReLU(),
                          nn.Linear(hidden, d))
 
 def tp_mlp(mlp, allreduce):
-    """Defined in :numref:`sec_tensor_parallelism`"""
-    """This rank's part of `mlp` (linear, ReLU, linear): column-, then row-parallel."""
+    """This rank's part of `mlp` (linear, ReLU, linear), split in two ways.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
     return nn.Sequential(ColumnParallelLinear(mlp[0], allreduce), mlp[1],
                          RowParallelLinear(mlp[2], allreduce))
 
 def mlp_pass(net, X, Y):
-    """Output, loss and gradients (the input's, then the parameters') of one pass.
+    """Output, loss and gradients (input's, then parameters') of one pass.
 
     Defined in :numref:`sec_tensor_parallelism`"""
     X = X.clone()
-    X.stop_gradient = False
+    _track(X)  # the input's gradient is wanted too
     Z = net(X)
     loss = ((Z - Y) ** 2).mean()
     loss.backward()
@@ -2090,14 +2091,14 @@ def mlp_data(batch_size, d, seed=0):
             for _ in range(2)]
 
 def _shard_axes(net):
-    """For each parameter of `net`, the axis its slices are cut along (None: whole).
+    """For each parameter of `net`, the axis its slices are cut along.
 
     Defined in :numref:`sec_tensor_parallelism`"""
     return [axis for i in range(len(net))
             for axis in getattr(net[i], 'shard_axes', ())]
 
 def _tp_mlp_worker(rank, world_size, init_method, d, hidden, batch_size):
-    """Worker: one pass of the tensor-parallel MLP block; return results and bytes.
+    """Worker: one pass of the tensor-parallel MLP block; results and bytes.
 
     Defined in :numref:`sec_tensor_parallelism`"""
     with _group(rank, world_size, init_method):
@@ -2115,7 +2116,7 @@ def gather_shards(results, key='grads'):
             for i, axis in enumerate(results[0]['axes'])]
 
 def _tp_wrong_worker(rank, world_size, init_method, d, hidden):
-    """Worker: three wrong arrangements of the MLP block; return the errors raised.
+    """Worker: three wrong arrangements of the MLP block; the errors raised.
 
     Defined in :numref:`sec_tensor_parallelism`"""
     with _group(rank, world_size, init_method):
@@ -2137,7 +2138,7 @@ from paddle.distributed import fleet
 
 
 def _fleet_tp_demo(rank, world_size, init_method, d, hidden):
-    """Worker: try PaddlePaddle's own tensor-parallel layers; return shapes or the error.
+    """Worker: try PaddlePaddle's tensor-parallel layers on this device.
 
     Defined in :numref:`sec_tensor_parallelism`"""
     with process_group(rank, world_size, init_method):
@@ -2156,7 +2157,7 @@ def _fleet_tp_demo(rank, world_size, init_method, d, hidden):
         return shapes, 'the forward pass ran'
 
 def mesh_allreduces(dp, tp):
-    """This rank's (data-parallel, tensor-parallel) CountingAllreduce in a dp x tp mesh.
+    """This rank's (data, tensor) CountingAllreduce in a dp x tp mesh.
 
     Defined in :numref:`sec_tensor_parallelism`"""
     rank, groups = dist.get_rank(), {}
@@ -2170,7 +2171,7 @@ def mesh_allreduces(dp, tp):
     return CountingAllreduce(mine[1]), CountingAllreduce(mine[0])
 
 def _mesh_worker(rank, world_size, init_method, d, hidden, batch_size):
-    """Worker: one pass of the MLP block on a 2 x 2 mesh; return gradients and bytes.
+    """Worker: one pass of the MLP block on a 2 x 2 mesh, and its bytes.
 
     Defined in :numref:`sec_tensor_parallelism`"""
     with _group(rank, world_size, init_method):

@@ -1852,7 +1852,7 @@ import collections
 import numpy
 
 class CountingAllreduce:
-    """Sums tensors in place over the ranks of `group`, counting bytes by exchange name."""
+    """Sums tensors in place over the ranks of `group`; counts the bytes."""
     def __init__(self, group=None):
         """Defined in :numref:`sec_tensor_parallelism`"""
         self.group = group
@@ -1862,7 +1862,7 @@ class CountingAllreduce:
 
     def __call__(self, x, name):
         if self.size > 1:  # one rank sends nothing
-            self.sent[name] += x.numel() * x.element_size()
+            self.sent[name] += _nbytes(x)
             dist.all_reduce(x, group=self.group)
         return x
 
@@ -1892,7 +1892,7 @@ class _SumOverRanks(torch.autograd.Function):
         return grad, None
 
 def _check_arrangement(allreduce, kind, shape, checksum):
-    """Raise on every rank unless all ranks build the same layer from the same weights.
+    """Raise on every rank unless all build one layer from one model.
 
     Defined in :numref:`sec_tensor_parallelism`"""
     table = numpy.zeros((allreduce.size, 4), 'float32')
@@ -1916,7 +1916,7 @@ def _check_arrangement(allreduce, kind, shape, checksum):
                 f'build every rank\'s layers from the same model')
 
 def _check_row_input(got, expected, k):
-    """Raise unless a row-parallel layer's input has the columns of its slice.
+    """Raise unless a row-parallel layer's input has its slice's columns.
 
     Defined in :numref:`sec_tensor_parallelism`"""
     if got != expected:
@@ -1935,12 +1935,14 @@ def _tp_slice(n, allreduce):
 
 _from_numpy, _group = torch.from_numpy, process_group
 _new_group = dist.new_group
+_nbytes = lambda x: x.numel() * x.element_size()
 
 def _to_numpy(x):
     """A NumPy copy of the tensor `x`, gathered first if it is a DTensor.
 
     Defined in :numref:`sec_tensor_parallelism`"""
-    return (x.full_tensor() if hasattr(x, 'full_tensor') else x).detach().numpy()
+    x = x.full_tensor() if hasattr(x, 'full_tensor') else x
+    return x.detach().numpy()
 
 class ColumnParallelLinear(nn.Module):
     """This rank's block of the output columns of the linear layer `linear`.
@@ -1962,7 +1964,7 @@ class ColumnParallelLinear(nn.Module):
         return X @ self.weight.T + self.bias
 
 class RowParallelLinear(nn.Module):
-    """This rank's block of the input rows of `linear`; the outputs are summed over the ranks.
+    """This rank's block of the input rows of `linear`; sums the outputs.
 
     Defined in :numref:`sec_tensor_parallelism`"""
     shard_axes = (1, None)  # the bias is whole on every rank
@@ -1986,21 +1988,23 @@ def block_mlp(d, hidden, seed=0):
     """A transformer-style MLP block, d -> hidden -> ReLU -> d, from `seed`.
 
     Defined in :numref:`sec_tensor_parallelism`"""
-    torch.manual_seed(seed)
+    _manual_seed(seed)
     return nn.Sequential(nn.Linear(d, hidden), nn.ReLU(),
                          nn.Linear(hidden, d))
 
 def tp_mlp(mlp, allreduce):
-    """Defined in :numref:`sec_tensor_parallelism`"""
-    """This rank's part of `mlp` (linear, ReLU, linear): column-, then row-parallel."""
+    """This rank's part of `mlp` (linear, ReLU, linear), split in two ways.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
     return nn.Sequential(ColumnParallelLinear(mlp[0], allreduce), mlp[1],
                          RowParallelLinear(mlp[2], allreduce))
 
 def mlp_pass(net, X, Y):
-    """Output, loss and gradients (the input's, then the parameters') of one pass.
+    """Output, loss and gradients (input's, then parameters') of one pass.
 
     Defined in :numref:`sec_tensor_parallelism`"""
-    X = X.clone().requires_grad_()
+    X = X.clone()
+    _track(X)  # the input's gradient is wanted too
     Z = net(X)
     loss = ((Z - Y) ** 2).mean()
     loss.backward()
@@ -2018,14 +2022,14 @@ def mlp_data(batch_size, d, seed=0):
             for _ in range(2)]
 
 def _shard_axes(net):
-    """For each parameter of `net`, the axis its slices are cut along (None: whole).
+    """For each parameter of `net`, the axis its slices are cut along.
 
     Defined in :numref:`sec_tensor_parallelism`"""
     return [axis for i in range(len(net))
             for axis in getattr(net[i], 'shard_axes', ())]
 
 def _tp_mlp_worker(rank, world_size, init_method, d, hidden, batch_size):
-    """Worker: one pass of the tensor-parallel MLP block; return results and bytes.
+    """Worker: one pass of the tensor-parallel MLP block; results and bytes.
 
     Defined in :numref:`sec_tensor_parallelism`"""
     with _group(rank, world_size, init_method):
@@ -2043,7 +2047,7 @@ def gather_shards(results, key='grads'):
             for i, axis in enumerate(results[0]['axes'])]
 
 def _tp_wrong_worker(rank, world_size, init_method, d, hidden):
-    """Worker: three wrong arrangements of the MLP block; return the errors raised.
+    """Worker: three wrong arrangements of the MLP block; the errors raised.
 
     Defined in :numref:`sec_tensor_parallelism`"""
     with _group(rank, world_size, init_method):
@@ -2082,7 +2086,7 @@ def _parallelize_module_demo(rank, world_size, init_method, d, hidden,
         return result
 
 def mesh_allreduces(dp, tp):
-    """This rank's (data-parallel, tensor-parallel) CountingAllreduce in a dp x tp mesh.
+    """This rank's (data, tensor) CountingAllreduce in a dp x tp mesh.
 
     Defined in :numref:`sec_tensor_parallelism`"""
     rank, groups = dist.get_rank(), {}
@@ -2096,7 +2100,7 @@ def mesh_allreduces(dp, tp):
     return CountingAllreduce(mine[1]), CountingAllreduce(mine[0])
 
 def _mesh_worker(rank, world_size, init_method, d, hidden, batch_size):
-    """Worker: one pass of the MLP block on a 2 x 2 mesh; return gradients and bytes.
+    """Worker: one pass of the MLP block on a 2 x 2 mesh, and its bytes.
 
     Defined in :numref:`sec_tensor_parallelism`"""
     with _group(rank, world_size, init_method):
