@@ -1986,6 +1986,24 @@ def _check_row_input(got, expected, k):
             f'rank, its slice of the hidden units; got {got}: feed it the '
             f'output of a ColumnParallelLinear split over the same {k} ranks')
 
+def _check_mlp_sizes(d, hidden, seed):
+    """Reject sizes below 1 and seeds below 0, naming the argument.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    _check_count(d, 'd', 1)
+    _check_count(hidden, 'hidden', 1)
+    _check_count(seed, 'seed', 0)
+
+def _check_mesh(dp, tp, world_size):
+    """Reject a mesh whose dp x tp ranks are not the world's.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    _check_count(dp, 'dp', 1)
+    _check_count(tp, 'tp', 1)
+    if dp * tp != world_size:
+        raise ValueError(f'dp x tp must equal the {world_size} ranks of the '
+                         f'world, got dp={dp} and tp={tp}')
+
 def _tp_slice(n, allreduce):
     """The slice of `n` features that this rank keeps.
 
@@ -2057,6 +2075,7 @@ def block_mlp(d, hidden, seed=0):
     """A transformer-style MLP block, d -> hidden -> ReLU -> d, from `seed`.
 
     Defined in :numref:`sec_tensor_parallelism`"""
+    _check_mlp_sizes(d, hidden, seed)
     _manual_seed(seed)
     return nn.Sequential(nn.Linear(d, hidden), nn.ReLU(),
                          nn.Linear(hidden, d))
@@ -2160,6 +2179,9 @@ def mesh_allreduces(dp, tp):
     """This rank's (data, tensor) CountingAllreduce in a dp x tp mesh.
 
     Defined in :numref:`sec_tensor_parallelism`"""
+    _check_count(dp, 'dp', 1)
+    _check_count(tp, 'tp', 1)
+    _check_mesh(dp, tp, dist.get_world_size())
     rank, groups = dist.get_rank(), {}
     for i in range(dp):  # every rank creates every group, in this order
         ranks = [i * tp + j for j in range(tp)]
