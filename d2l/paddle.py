@@ -2012,7 +2012,7 @@ def _tp_slice(n, allreduce):
     lo = sum(sizes[:allreduce.rank])
     return slice(lo, lo + sizes[allreduce.rank])
 
-_from_numpy, _group = paddle.to_tensor, process_group
+_from_numpy, _group = paddle.to_tensor, d2l.process_group
 _to_numpy = lambda x: x.numpy()
 _nbytes = lambda x: x.size * x.element_size()
 

@@ -1951,7 +1951,7 @@ def _tp_slice(n, allreduce):
     lo = sum(sizes[:allreduce.rank])
     return slice(lo, lo + sizes[allreduce.rank])
 
-_from_numpy, _group = torch.from_numpy, process_group
+_from_numpy, _group = torch.from_numpy, d2l.process_group
 _new_group = dist.new_group
 _nbytes = lambda x: x.numel() * x.element_size()
 
