@@ -1990,16 +1990,14 @@ def _check_mlp_sizes(d, hidden, seed):
     """Reject sizes below 1 and seeds below 0, naming the argument.
 
     Defined in :numref:`sec_tensor_parallelism`"""
-    _check_count(d, 'd', 1)
-    _check_count(hidden, 'hidden', 1)
-    _check_count(seed, 'seed', 0)
+    for name, value, least in (('d', d, 1), ('hidden', hidden, 1),
+                               ('seed', seed, 0)):
+        _check_count(value, name, least)
 
 def _check_mesh(dp, tp, world_size):
     """Reject a mesh whose dp x tp ranks are not the world's.
 
     Defined in :numref:`sec_tensor_parallelism`"""
-    _check_count(dp, 'dp', 1)
-    _check_count(tp, 'tp', 1)
     if dp * tp != world_size:
         raise ValueError(f'dp x tp must equal the {world_size} ranks of the '
                          f'world, got dp={dp} and tp={tp}')

@@ -19,8 +19,17 @@ RENDEZVOUS = {'pytorch': 'd2l.local_init_method()', 'paddle': "'env://'",
               'mxnet': 'None'}
 
 
-def run_ranks(framework, worker, world_size, *args, deadline=120):
-    """The results, by rank, of d2l.<worker>(rank, world_size, rendezvous, *args)."""
+# (worker, world size, arguments) of every run the tests check, per framework
+RUNS = {'k=1': ('_tp_mlp_worker', 1, (8, 64, 6)),
+        'k=2, uneven 32+31': ('_tp_mlp_worker', 2, (8, 63, 6)),
+        'wrong': ('_tp_wrong_worker', 2, (8, 16))}
+_results = {}
+
+
+def runs(framework, deadline=240):
+    """The results by rank of every run in RUNS, started from one child Python."""
+    if framework in _results:
+        return _results[framework]
     script = textwrap.dedent(f'''
         import json
         import numpy
@@ -35,13 +44,16 @@ def run_ranks(framework, worker, world_size, *args, deadline=120):
                 return [plain(v) for v in x]
             return x
 
-        ranks = d2l.spawn_ranks(d2l.{worker}, {world_size},
-                                {RENDEZVOUS[framework]}, *{args!r})
-        print({RESULT!r} + json.dumps(plain(ranks)), flush=True)
+        out = {{}}
+        for name, (worker, k, args) in {RUNS!r}.items():
+            out[name] = plain(d2l.spawn_ranks(
+                getattr(d2l, worker), k, {RENDEZVOUS[framework]}, *args))
+        print({RESULT!r} + json.dumps(out), flush=True)
     ''')
     proc = start([sys.executable, '-c', script], env=scenario_env())
     out, err = finish(proc, deadline)
-    return result_of(out, err, proc)
+    _results[framework] = result_of(out, err, proc)
+    return _results[framework]
 
 
 def one_device(d2l, d, hidden, batch_size):
@@ -49,12 +61,10 @@ def one_device(d2l, d, hidden, batch_size):
     return d2l.mlp_pass(d2l.block_mlp(d, hidden), *d2l.mlp_data(batch_size, d))
 
 
-@pytest.mark.parametrize('k, hidden', [(1, 64), (2, 63)],
-                         ids=['k=1', 'k=2, uneven 32+31'])
-def test_k_way_tensor_parallel_block_equals_one_device(d2l, framework, k,
-                                                       hidden):
-    d, batch_size = 8, 6
-    ranks = run_ranks(framework, '_tp_mlp_worker', k, d, hidden, batch_size)
+@pytest.mark.parametrize('run', ['k=1', 'k=2, uneven 32+31'])
+def test_k_way_tensor_parallel_block_equals_one_device(d2l, framework, run):
+    _, k, (d, hidden, batch_size) = RUNS[run]
+    ranks = runs(framework)[run]
     reference = one_device(d2l, d, hidden, batch_size)
     for r in ranks:  # every rank ends with the whole output and input grad
         np.testing.assert_allclose(r['Z'], reference['Z'], atol=TOL)
@@ -72,7 +82,7 @@ def test_k_way_tensor_parallel_block_equals_one_device(d2l, framework, k,
 
 
 def test_a_wrong_arrangement_is_an_error_on_every_rank(framework):
-    ranks = run_ranks(framework, '_tp_wrong_worker', 2, 8, 16)
+    ranks = runs(framework)['wrong']
     for errors in ranks:
         assert len(errors) == 3
         assert 'rank 1 builds RowParallelLinear(16, 8) where rank 0 builds ' \
