@@ -1466,9 +1466,6 @@ def zero_params(states, stage):
         return onp.concatenate([s['params'].asnumpy() for s in states])
     return states[0]['params'].asnumpy()
 
-import collections
-import numpy
-
 class CountingAllreduce:
     """Sums arrays in place through a dist_sync store; counts the bytes."""
     def __init__(self, group=None):
@@ -1478,7 +1475,7 @@ class CountingAllreduce:
             else group[1:]  # see mesh_allreduces
         members = members or list(range(self.kv.num_workers))
         self.size, self.rank = len(members), members.index(self.kv.rank)
-        self.sent, self.keys = collections.Counter(), set()
+        self.sent, self.keys = {}, set()  # bytes by exchange name
 
     def __call__(self, x, name):
         if self.size > 1:  # one worker sends nothing
@@ -1489,7 +1486,7 @@ class CountingAllreduce:
             if key not in self.keys:  # waits for every worker
                 self.kv.init(key, np.zeros_like(buf))
                 self.keys.add(key)
-            self.sent[name] += buf.size * 4
+            self.sent[name] = self.sent.get(name, 0) + buf.size * 4
             self.kv.push(key, buf)
             self.kv.pull(key, out=buf)
             y[:] = buf[self.slot]

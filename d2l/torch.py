@@ -1848,9 +1848,6 @@ def _fsdp_vs_ddp(rank, world_size, init_method, num_steps, batch_size, lr):
                              _full_parameters(net))
         return results
 
-import collections
-import numpy
-
 class CountingAllreduce:
     """Sums tensors in place over the ranks of `group`; counts the bytes."""
     def __init__(self, group=None):
@@ -1858,11 +1855,11 @@ class CountingAllreduce:
         self.group = group
         self.size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
-        self.sent = collections.Counter()
+        self.sent = {}  # bytes by exchange name
 
     def __call__(self, x, name):
         if self.size > 1:  # one rank sends nothing
-            self.sent[name] += _nbytes(x)
+            self.sent[name] = self.sent.get(name, 0) + _nbytes(x)
             dist.all_reduce(x, group=self.group)
         return x
 
@@ -2082,17 +2079,15 @@ def _tp_wrong_worker(rank, world_size, init_method, d, hidden):
                 errors.append(str(error))
         return errors
 
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor.parallel import (ColwiseParallel,
-                                               RowwiseParallel,
-                                               parallelize_module)
-
-
 def _parallelize_module_demo(rank, world_size, init_method, d, hidden,
                              batch_size):
     """Worker: one pass of the MLP block under parallelize_module.
 
     Defined in :numref:`sec_tensor_parallelism`"""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import (ColwiseParallel,
+                                                   RowwiseParallel,
+                                                   parallelize_module)
     with process_group(rank, world_size, init_method) as device:
         mesh = init_device_mesh(device.type, (world_size,))
         net = parallelize_module(block_mlp(d, hidden), mesh, {
