@@ -1979,9 +1979,9 @@ def _check_row_input(got, expected, k):
     Defined in :numref:`sec_tensor_parallelism`"""
     if got != expected:
         raise ValueError(
-            f'RowParallelLinear expects {expected} input features on this '
-            f'rank, its slice of the hidden units; got {got}: feed it the '
-            f'output of a ColumnParallelLinear split over the same {k} ranks')
+            f"RowParallelLinear expects this rank's {expected} hidden units, "
+            f'got {got}: feed it the output of a ColumnParallelLinear over '
+            f'the same {k} ranks')
 
 def _check_mlp_sizes(d, hidden, seed):
     """Reject sizes below 1 and seeds below 0, naming the argument.

@@ -87,7 +87,8 @@ def test_a_wrong_arrangement_is_an_error_on_every_rank(framework):
         assert len(errors) == 3
         assert 'rank 1 builds RowParallelLinear(16, 8) where rank 0 builds ' \
             'ColumnParallelLinear(8, 16)' in errors[0]
-        assert 'RowParallelLinear expects 8 input features' in errors[1]
+        assert "RowParallelLinear expects this rank's 8 hidden units, got 16" \
+            in errors[1]
         assert 'from other weights than rank 0' in errors[2]
 
 
