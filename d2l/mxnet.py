@@ -2123,6 +2123,304 @@ def idle_fraction(times):
     busy = sum(end - start for *_, start, end in times)
     return 1 - busy / (len({t[0] for t in times}) * span)
 
+class CountingAllreduce:
+    """Sums arrays in place through a dist_sync store; counts the bytes."""
+    def __init__(self, group=None):
+        """Defined in :numref:`sec_tensor_parallelism`"""
+        self.kv = _dist_store() if group is None else group[0]
+        self.slot, self.slots, members = (0, 1, None) if group is None \
+            else group[1:]  # see mesh_allreduces
+        members = members or list(range(self.kv.num_workers))
+        self.size, self.rank = len(members), members.index(self.kv.rank)
+        self.sent, self.keys = {}, set()  # bytes by exchange name
+
+    def __call__(self, x, name):
+        if self.size > 1:  # one worker sends nothing
+            y = x.as_np_ndarray() if hasattr(x, 'as_np_ndarray') else x
+            buf = np.zeros((self.slots,) + y.shape)  # one slot per group
+            buf[self.slot] = y
+            key = f'{name}{buf.shape}'
+            if key not in self.keys:  # waits for every worker
+                self.kv.init(key, np.zeros_like(buf))
+                self.keys.add(key)
+            self.sent[name] = self.sent.get(name, 0) + buf.size * 4
+            self.kv.push(key, buf)
+            self.kv.pull(key, out=buf)
+            y[:] = buf[self.slot]
+        return x
+
+class _CopyToRanks(autograd.Function):
+    """Identity forward; the backward pass sums the gradient over the ranks.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    def __init__(self, allreduce):
+        super().__init__()
+        self.allreduce = allreduce
+
+    def forward(self, x):
+        return x.copy()
+
+    def backward(self, grad):
+        return self.allreduce(grad.copy(), 'backward')
+
+class _SumOverRanks(autograd.Function):
+    """The forward pass sums over the ranks; identity backward.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    def __init__(self, allreduce):
+        super().__init__()
+        self.allreduce = allreduce
+
+    def forward(self, x):
+        return self.allreduce(x.copy(), 'forward')
+
+    def backward(self, grad):
+        return grad.copy()
+
+def _check_arrangement(allreduce, kind, shape, checksum):
+    """Raise on every rank unless all build one layer from one model.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    table = numpy.zeros((allreduce.size, 4), 'float32')
+    table[allreduce.rank] = [kind, *shape, checksum]
+    mine = _from_numpy(table)
+    found = _to_numpy(allreduce(mine, 'check'))
+    names = {1: 'ColumnParallelLinear', 2: 'RowParallelLinear'}
+    def describe(row):
+        return f'{names[int(row[0])]}({int(row[1])}, {int(row[2])})'
+
+    for rank, row in enumerate(found):
+        if not numpy.array_equal(row[:3], found[0][:3]):
+            raise ValueError(
+                f'rank {rank} builds {describe(row)} where rank 0 builds '
+                f'{describe(found[0])}: every rank must build the same '
+                f'layers in the same order')
+        if not numpy.isclose(row[3], found[0][3], rtol=1e-5):
+            raise ValueError(
+                f'rank {rank} builds {describe(row)} from other weights than '
+                f'rank 0 (weight sums {row[3]:.4f} and {found[0][3]:.4f}): '
+                f'build every rank\'s layers from the same model')
+
+def _check_row_input(got, expected, k):
+    """Raise unless a row-parallel layer's input has its slice's columns.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    if got != expected:
+        raise ValueError(
+            f"RowParallelLinear expects this rank's {expected} hidden units, "
+            f'got {got}: feed it the output of a ColumnParallelLinear over '
+            f'the same {k} ranks')
+
+def _check_mlp_sizes(d, hidden, seed):
+    """Reject sizes below 1 and seeds below 0, naming the argument.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    for name, value, least in (('d', d, 1), ('hidden', hidden, 1),
+                               ('seed', seed, 0)):
+        _check_count(value, name, least)
+
+def _check_mesh(dp, tp, world_size):
+    """Reject a mesh whose dp x tp ranks are not the world's.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    if dp * tp != world_size:
+        raise ValueError(f'dp x tp must equal the {world_size} ranks of the '
+                         f'world, got dp={dp} and tp={tp}')
+
+def _tp_slice(n, allreduce):
+    """The slice of `n` features that this rank keeps.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    sizes = shard_sizes(n, allreduce.size)
+    lo = sum(sizes[:allreduce.rank])
+    return slice(lo, lo + sizes[allreduce.rank])
+
+_from_numpy = np.array
+_to_numpy = lambda x: x.asnumpy()
+_stores = []  # a process joins its dist_sync job once
+
+def _dist_store():
+    """This worker's dist_sync key-value store, created on first use.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    if not _stores:
+        _stores.append(mx.kv.create('dist_sync'))
+    return _stores[0]
+
+def _group(rank, world_size, init_method):
+    """MXNet's workers form no group: their store connects them.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    return contextlib.nullcontext()
+
+def _parameter(block, name, value):
+    """A parameter `name` of `block` holding a copy of the array `value`.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    param = block.params.get(name, shape=value.shape)
+    param.initialize(ctx=value.ctx)
+    param.set_data(value.copy())
+    return param
+
+class ColumnParallelLinear(nn.Block):
+    """This rank's block of the output columns of the linear layer `linear`.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    shard_axes = (0, 0)  # weight (out, in) and bias are cut along axis 0
+
+    def __init__(self, linear, allreduce):
+        super().__init__()
+        w, b = linear.weight.data(), linear.bias.data()
+        _check_arrangement(allreduce, 1, w.shape[::-1], float(w.sum()))
+        cut = _tp_slice(w.shape[0], allreduce)
+        self.weight = _parameter(self, 'weight', w[cut])
+        self.bias = _parameter(self, 'bias', b[cut])
+        self.allreduce = allreduce
+
+    def forward(self, X):
+        X = _CopyToRanks(self.allreduce)(X)
+        return np.dot(X, self.weight.data().T) + self.bias.data()
+
+class RowParallelLinear(nn.Block):
+    """This rank's block of the input rows of `linear`; sums the outputs.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    shard_axes = (1, None)  # the bias is whole on every rank
+
+    def __init__(self, linear, allreduce):
+        super().__init__()
+        w, b = linear.weight.data(), linear.bias.data()
+        _check_arrangement(allreduce, 2, w.shape[::-1], float(w.sum()))
+        cut = _tp_slice(w.shape[1], allreduce)
+        self.weight = _parameter(self, 'weight', w[:, cut])
+        self.bias = _parameter(self, 'bias', b)
+        self.allreduce = allreduce
+
+    def forward(self, H):
+        _check_row_input(H.shape[-1], self.weight.shape[1],
+                         self.allreduce.size)
+        partial = np.dot(H, self.weight.data().T)
+        return _SumOverRanks(self.allreduce)(partial) + self.bias.data()
+
+def block_mlp(d, hidden, seed=0):
+    """A transformer-style MLP block, d -> hidden -> ReLU -> d, from `seed`.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    _check_mlp_sizes(d, hidden, seed)
+    mx.random.seed(seed)
+    net = nn.Sequential()
+    net.add(nn.Dense(hidden, in_units=d), nn.Activation('relu'),
+            nn.Dense(d, in_units=hidden))
+    net.initialize(init.Xavier())
+    return net
+
+def tp_mlp(mlp, allreduce):
+    """This rank's part of `mlp` (linear, ReLU, linear), split in two ways.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    net = nn.Sequential()
+    net.add(ColumnParallelLinear(mlp[0], allreduce), mlp[1],
+            RowParallelLinear(mlp[2], allreduce))
+    return net
+
+def mlp_pass(net, X, Y):
+    """Output, loss and gradients (input's, then parameters') of one pass.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    X = X.copy()
+    X.attach_grad()
+    with autograd.record():
+        Z = net(X)
+        loss = ((Z - Y) ** 2).mean()
+    loss.backward()
+    return {'Z': _to_numpy(Z), 'loss': loss.item(), 'dX': _to_numpy(X.grad),
+            'grads': [_to_numpy(p.grad())
+                      for p in net.collect_params().values()]}
+
+def mlp_data(batch_size, d, seed=0):
+    """A random minibatch: inputs and targets, both batch_size x d.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    _check_count(batch_size, 'batch_size', 1)
+    _check_count(d, 'd', 1)
+    rng = numpy.random.default_rng(seed)
+    return [_from_numpy(rng.standard_normal((batch_size, d)).astype('float32'))
+            for _ in range(2)]
+
+def _shard_axes(net):
+    """For each parameter of `net`, the axis its slices are cut along.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    return [axis for i in range(len(net))
+            for axis in getattr(net[i], 'shard_axes', ())]
+
+def _tp_mlp_worker(rank, world_size, init_method, d, hidden, batch_size):
+    """Worker: one pass of the tensor-parallel MLP block; results and bytes.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    with _group(rank, world_size, init_method):
+        allreduce = CountingAllreduce()
+        net = tp_mlp(block_mlp(d, hidden), allreduce)
+        result = mlp_pass(net, *mlp_data(batch_size, d))
+        return dict(result, sent=dict(allreduce.sent), axes=_shard_axes(net))
+
+def gather_shards(results, key='grads'):
+    """Whole arrays from the slices that the ranks returned under `key`.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    return [results[0][key][i] if axis is None else
+            numpy.concatenate([r[key][i] for r in results], axis)
+            for i, axis in enumerate(results[0]['axes'])]
+
+def _tp_wrong_worker(rank, world_size, init_method, d, hidden):
+    """Worker: three wrong arrangements of the MLP block; the errors raised.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    with _group(rank, world_size, init_method):
+        allreduce, mlp, errors = CountingAllreduce(), block_mlp(d, hidden), []
+        X, _ = mlp_data(4, d)
+        mistakes = [
+            lambda: ColumnParallelLinear(mlp[0], allreduce) if rank == 0
+            else RowParallelLinear(mlp[2], allreduce),
+            lambda: RowParallelLinear(mlp[2], allreduce)(mlp[1](mlp[0](X))),
+            lambda: tp_mlp(block_mlp(d, hidden, seed=rank), allreduce)]
+        for mistake in mistakes:
+            try:
+                mistake()
+            except ValueError as error:
+                errors.append(str(error))
+        return errors
+
+def mesh_allreduces(dp, tp):
+    """This worker's (data, tensor) CountingAllreduce in a dp x tp mesh.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    _check_count(dp, 'dp', 1)
+    _check_count(tp, 'tp', 1)
+    kv = _dist_store()
+    _check_mesh(dp, tp, kv.num_workers)
+    i, j = divmod(kv.rank, tp)
+    data = [row * tp + j for row in range(dp)]
+    tensor = [i * tp + col for col in range(tp)]
+    return (CountingAllreduce((kv, j, tp, data)),
+            CountingAllreduce((kv, i, dp, tensor)))
+
+def _mesh_worker(rank, world_size, init_method, d, hidden, batch_size):
+    """Worker: one pass of the MLP block on a 2 x 2 mesh, and its bytes.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    with _group(rank, world_size, init_method):
+        data, tensor = mesh_allreduces(2, 2)
+        net = tp_mlp(block_mlp(d, hidden), tensor)
+        half = slice(rank // 2 * batch_size // 2,
+                     (rank // 2 + 1) * batch_size // 2)
+        X, Y = mlp_data(batch_size, d)
+        result = mlp_pass(net, X[half], Y[half])
+        grads = [_to_numpy(data(_from_numpy(g), 'gradients')) / 2
+                 for g in result['grads']]
+        return {'grads': grads, 'axes': _shard_axes(net),
+                'tensor': dict(tensor.sent), 'data': dict(data.sent)}
+
 import contextlib
 import math
 import numbers

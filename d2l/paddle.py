@@ -2449,6 +2449,299 @@ def idle_fraction(times):
     busy = sum(end - start for *_, start, end in times)
     return 1 - busy / (len({t[0] for t in times}) * span)
 
+class CountingAllreduce:
+    """Sums tensors in place over the ranks of `group`; counts the bytes."""
+    def __init__(self, group=None):
+        """Defined in :numref:`sec_tensor_parallelism`"""
+        self.group = group
+        self.size = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+        self.sent = {}  # bytes by exchange name
+
+    def __call__(self, x, name):
+        if self.size > 1:  # one rank sends nothing
+            self.sent[name] = self.sent.get(name, 0) + _nbytes(x)
+            dist.all_reduce(x, group=self.group)
+        return x
+
+class _CopyToRanks(paddle.autograd.PyLayer):
+    """Identity forward; the backward pass sums the gradient over the ranks.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    @staticmethod
+    def forward(ctx, x, allreduce):
+        ctx.allreduce = allreduce
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return ctx.allreduce(grad.clone(), 'backward')
+
+class _SumOverRanks(paddle.autograd.PyLayer):
+    """The forward pass sums over the ranks; identity backward.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    @staticmethod
+    def forward(ctx, x, allreduce):
+        return allreduce(x.clone(), 'forward')
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+def _check_arrangement(allreduce, kind, shape, checksum):
+    """Raise on every rank unless all build one layer from one model.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    table = numpy.zeros((allreduce.size, 4), 'float32')
+    table[allreduce.rank] = [kind, *shape, checksum]
+    mine = _from_numpy(table)
+    found = _to_numpy(allreduce(mine, 'check'))
+    names = {1: 'ColumnParallelLinear', 2: 'RowParallelLinear'}
+    def describe(row):
+        return f'{names[int(row[0])]}({int(row[1])}, {int(row[2])})'
+
+    for rank, row in enumerate(found):
+        if not numpy.array_equal(row[:3], found[0][:3]):
+            raise ValueError(
+                f'rank {rank} builds {describe(row)} where rank 0 builds '
+                f'{describe(found[0])}: every rank must build the same '
+                f'layers in the same order')
+        if not numpy.isclose(row[3], found[0][3], rtol=1e-5):
+            raise ValueError(
+                f'rank {rank} builds {describe(row)} from other weights than '
+                f'rank 0 (weight sums {row[3]:.4f} and {found[0][3]:.4f}): '
+                f'build every rank\'s layers from the same model')
+
+def _check_row_input(got, expected, k):
+    """Raise unless a row-parallel layer's input has its slice's columns.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    if got != expected:
+        raise ValueError(
+            f"RowParallelLinear expects this rank's {expected} hidden units, "
+            f'got {got}: feed it the output of a ColumnParallelLinear over '
+            f'the same {k} ranks')
+
+def _check_mlp_sizes(d, hidden, seed):
+    """Reject sizes below 1 and seeds below 0, naming the argument.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    for name, value, least in (('d', d, 1), ('hidden', hidden, 1),
+                               ('seed', seed, 0)):
+        _check_count(value, name, least)
+
+def _check_mesh(dp, tp, world_size):
+    """Reject a mesh whose dp x tp ranks are not the world's.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    if dp * tp != world_size:
+        raise ValueError(f'dp x tp must equal the {world_size} ranks of the '
+                         f'world, got dp={dp} and tp={tp}')
+
+def _tp_slice(n, allreduce):
+    """The slice of `n` features that this rank keeps.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    sizes = shard_sizes(n, allreduce.size)
+    lo = sum(sizes[:allreduce.rank])
+    return slice(lo, lo + sizes[allreduce.rank])
+
+_from_numpy, _group = paddle.to_tensor, d2l.process_group
+_to_numpy = lambda x: x.numpy()
+_nbytes = lambda x: x.size * x.element_size()
+
+def _new_group(ranks):
+    """A process group of `ranks`, formed before the next one starts.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    group = dist.new_group(ranks)
+    dist.barrier()  # Gloo groups formed at once could fail to connect
+    return group
+
+def _parameter(layer, value):
+    """A parameter of `layer` holding a copy of the NumPy array `value`.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    return layer.create_parameter(
+        list(value.shape), default_initializer=nn.initializer.Assign(value))
+
+class ColumnParallelLinear(nn.Layer):
+    """This rank's block of the output columns of the linear layer `linear`.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    shard_axes = (1, 0)  # weight (in, out) and bias are cut by output
+
+    def __init__(self, linear, allreduce):
+        super().__init__()
+        _check_arrangement(allreduce, 1, linear.weight.shape,
+                           float(linear.weight.sum()))
+        cut = _tp_slice(linear.weight.shape[1], allreduce)
+        self.weight = _parameter(self, linear.weight.numpy()[:, cut])
+        self.bias = _parameter(self, linear.bias.numpy()[cut])
+        self.allreduce = allreduce
+
+    def forward(self, X):
+        X = _CopyToRanks.apply(X, self.allreduce)
+        return X @ self.weight + self.bias
+
+class RowParallelLinear(nn.Layer):
+    """This rank's block of the input rows of `linear`; sums the outputs.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    shard_axes = (0, None)  # the bias is whole on every rank
+
+    def __init__(self, linear, allreduce):
+        super().__init__()
+        _check_arrangement(allreduce, 2, linear.weight.shape,
+                           float(linear.weight.sum()))
+        cut = _tp_slice(linear.weight.shape[0], allreduce)
+        self.weight = _parameter(self, linear.weight.numpy()[cut])
+        self.bias = _parameter(self, linear.bias.numpy())
+        self.allreduce = allreduce
+
+    def forward(self, H):
+        _check_row_input(H.shape[-1], self.weight.shape[0],
+                         self.allreduce.size)
+        partial = H @ self.weight
+        return _SumOverRanks.apply(partial, self.allreduce) + self.bias
+
+def block_mlp(d, hidden, seed=0):
+    """A transformer-style MLP block, d -> hidden -> ReLU -> d, from `seed`.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    _check_mlp_sizes(d, hidden, seed)
+    _manual_seed(seed)
+    return nn.Sequential(nn.Linear(d, hidden), nn.ReLU(),
+                         nn.Linear(hidden, d))
+
+def tp_mlp(mlp, allreduce):
+    """This rank's part of `mlp` (linear, ReLU, linear), split in two ways.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    return nn.Sequential(ColumnParallelLinear(mlp[0], allreduce), mlp[1],
+                         RowParallelLinear(mlp[2], allreduce))
+
+def mlp_pass(net, X, Y):
+    """Output, loss and gradients (input's, then parameters') of one pass.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    X = X.clone()
+    _track(X)  # the input's gradient is wanted too
+    Z = net(X)
+    loss = ((Z - Y) ** 2).mean()
+    loss.backward()
+    return {'Z': _to_numpy(Z), 'loss': loss.item(), 'dX': _to_numpy(X.grad),
+            'grads': [_to_numpy(p.grad) for p in net.parameters()]}
+
+def mlp_data(batch_size, d, seed=0):
+    """A random minibatch: inputs and targets, both batch_size x d.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    _check_count(batch_size, 'batch_size', 1)
+    _check_count(d, 'd', 1)
+    rng = numpy.random.default_rng(seed)
+    return [_from_numpy(rng.standard_normal((batch_size, d)).astype('float32'))
+            for _ in range(2)]
+
+def _shard_axes(net):
+    """For each parameter of `net`, the axis its slices are cut along.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    return [axis for i in range(len(net))
+            for axis in getattr(net[i], 'shard_axes', ())]
+
+def _tp_mlp_worker(rank, world_size, init_method, d, hidden, batch_size):
+    """Worker: one pass of the tensor-parallel MLP block; results and bytes.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    with _group(rank, world_size, init_method):
+        allreduce = CountingAllreduce()
+        net = tp_mlp(block_mlp(d, hidden), allreduce)
+        result = mlp_pass(net, *mlp_data(batch_size, d))
+        return dict(result, sent=dict(allreduce.sent), axes=_shard_axes(net))
+
+def gather_shards(results, key='grads'):
+    """Whole arrays from the slices that the ranks returned under `key`.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    return [results[0][key][i] if axis is None else
+            numpy.concatenate([r[key][i] for r in results], axis)
+            for i, axis in enumerate(results[0]['axes'])]
+
+def _tp_wrong_worker(rank, world_size, init_method, d, hidden):
+    """Worker: three wrong arrangements of the MLP block; the errors raised.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    with _group(rank, world_size, init_method):
+        allreduce, mlp, errors = CountingAllreduce(), block_mlp(d, hidden), []
+        X, _ = mlp_data(4, d)
+        mistakes = [
+            lambda: ColumnParallelLinear(mlp[0], allreduce) if rank == 0
+            else RowParallelLinear(mlp[2], allreduce),
+            lambda: RowParallelLinear(mlp[2], allreduce)(mlp[1](mlp[0](X))),
+            lambda: tp_mlp(block_mlp(d, hidden, seed=rank), allreduce)]
+        for mistake in mistakes:
+            try:
+                mistake()
+            except ValueError as error:
+                errors.append(str(error))
+        return errors
+
+def _fleet_tp_demo(rank, world_size, init_method, d, hidden):
+    """Worker: try PaddlePaddle's tensor-parallel layers on this device.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    from paddle.distributed import fleet
+    with process_group(rank, world_size, init_method):
+        strategy = fleet.DistributedStrategy()
+        strategy.hybrid_configs = {'dp_degree': 1, 'pp_degree': 1,
+                                   'mp_degree': world_size}
+        fleet.init(is_collective=True, strategy=strategy)
+        layers = fleet.meta_parallel
+        column = layers.ColumnParallelLinear(d, hidden, gather_output=False,
+                                             has_bias=True)
+        shapes = {'column weight': list(column.weight.shape)}
+        try:
+            column(mlp_data(4, d)[0])
+        except RuntimeError as error:  # it names the operation it lacks
+            op = 'c_identity' if 'c_identity' in str(error) else 'one step'
+            return shapes, f'RuntimeError, no CPU kernel for {op}'
+        return shapes, 'ran'
+
+def mesh_allreduces(dp, tp):
+    """This rank's (data, tensor) CountingAllreduce in a dp x tp mesh.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    _check_count(dp, 'dp', 1)
+    _check_count(tp, 'tp', 1)
+    _check_mesh(dp, tp, dist.get_world_size())
+    rank, groups = dist.get_rank(), {}
+    for i in range(dp):  # every rank creates every group, in this order
+        ranks = [i * tp + j for j in range(tp)]
+        groups[tuple(ranks)] = _new_group(ranks)
+    for j in range(tp):
+        ranks = [i * tp + j for i in range(dp)]
+        groups[tuple(ranks)] = _new_group(ranks)
+    mine = [g for ranks, g in groups.items() if rank in ranks]
+    return CountingAllreduce(mine[1]), CountingAllreduce(mine[0])
+
+def _mesh_worker(rank, world_size, init_method, d, hidden, batch_size):
+    """Worker: one pass of the MLP block on a 2 x 2 mesh, and its bytes.
+
+    Defined in :numref:`sec_tensor_parallelism`"""
+    with _group(rank, world_size, init_method):
+        data, tensor = mesh_allreduces(2, 2)
+        net = tp_mlp(block_mlp(d, hidden), tensor)
+        half = slice(rank // 2 * batch_size // 2,
+                     (rank // 2 + 1) * batch_size // 2)
+        X, Y = mlp_data(batch_size, d)
+        result = mlp_pass(net, X[half], Y[half])
+        grads = [_to_numpy(data(_from_numpy(g), 'gradients')) / 2
+                 for g in result['grads']]
+        return {'grads': grads, 'axes': _shard_axes(net),
+                'tensor': dict(tensor.sent), 'data': dict(data.sent)}
+
 import contextlib
 import math
 import numbers

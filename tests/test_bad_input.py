@@ -516,6 +516,13 @@ SWEEP = [
     Sweep('time_all_reduce', MULTI, lambda d2l, fw: (d2l.time_all_reduce, dict(
         world_size=2, sizes=[4096], reps=1, calls=1)),
         {'world_size': 'count', 'reps': 'count', 'calls': 'count'}, False),
+    Sweep('block_mlp', ALL, lambda d2l, fw: (d2l.block_mlp, dict(
+        d=3, hidden=4, seed=0)),
+        {'d': 'count', 'hidden': 'count', 'seed': 'count0'}, True),
+    Sweep('mlp_data', ALL, lambda d2l, fw: (d2l.mlp_data, dict(
+        batch_size=2, d=3)), {'batch_size': 'count', 'd': 'count'}, True),
+    Sweep('mesh_allreduces', ALL, lambda d2l, fw: (d2l.mesh_allreduces, dict(
+        dp=1, tp=1)), {'dp': 'count', 'tp': 'count'}, False),
     Sweep('train_concise_spawn', ('paddle',), lambda d2l, fw: (
         d2l.train_concise_spawn, dict(
             net_fn=d2l.count_trainable_params, devices=d2l.try_gpus(1),
