@@ -3054,9 +3054,14 @@ def time_ddp_configs(world_size, configs, global_batch, num_steps=2,
         raise ValueError('compress=True: DataParallel has no compression hook')
     _check_sizes([4], reps)
     local_batch_size(global_batch, world_size)  # fail here, not in a child
-    if world_size == 1:  # Paddle forms no group of one: time it here
-        return _slowest_medians([_time_configs(
-            configs, global_batch, num_steps, warmup, reps, 0, 1)])
+    if world_size == 1:  # Paddle forms no group of one: time it here,
+        paddle.base.core.set_num_threads(1)  # on one core's thread
+        try:
+            return _slowest_medians([_time_configs(
+                configs, global_batch, num_steps, warmup, reps, 0, 1)])
+        finally:
+            paddle.base.core.set_num_threads(int(os.environ.get(
+                'FLAGS_paddle_num_threads', os.cpu_count() or 1)))
     return _slowest_medians(spawn_ranks(
         _ddp_configs_worker, world_size, 'env://', configs, global_batch,
         num_steps, warmup, reps))
