@@ -1594,8 +1594,9 @@ def _time_ddp_worker(rank, world_size, init_method, global_batch, num_steps,
         X, y = shard_of_batch(*fashion_mnist_tensors('train'), 0, rank,
                               world_size, global_batch // world_size)
         seconds = [0.0] * world_size
-        seconds[rank] = time_steps(net, optimizer, _on(X, device),
-                                   _on(y, device), num_steps, warmup, device)
+        X, y = _to_device(X, device), _to_device(y, device)
+        seconds[rank] = time_steps(net, optimizer, X, y, num_steps, warmup,
+                                   device)
         return max(_sum_over_ranks(seconds, device, world_size))
 
 def _thread_environment(threads):
@@ -1606,7 +1607,7 @@ def _timing_rendezvous():
     """Defined in :numref:`sec_ddp_resnet`"""
     return 'env://'
 
-def _on(x, device):
+def _to_device(x, device):
     """`x` on `device`.
 
     Defined in :numref:`sec_ddp_resnet`"""
@@ -2508,6 +2509,14 @@ def naive_allreduce_time(num_bytes, k, alpha, beta):
     _check_cost_args(num_bytes, k, alpha, beta)
     return 2 * (k - 1) * (alpha + beta * num_bytes)
 
+def ps_pushpull_time(num_bytes, k, alpha, beta, servers=1):
+    """Seconds the alpha-beta model gives a push and a pull through `servers` servers.
+
+    Defined in :numref:`sec_cost_model`"""
+    _check_cost_args(num_bytes, k, alpha, beta)
+    _check_int('servers', servers, 1)
+    return 2 * (alpha + beta * num_bytes * max(1, k / servers))
+
 def fit_alpha_beta(num_bytes, seconds, k):
     """Alpha (s per message) and beta (s per byte) of the ring model fitted to allreduce timings over `k` processes.
 
@@ -2527,6 +2536,16 @@ def fit_alpha_beta(num_bytes, seconds, k):
         raise ValueError('the timings do not grow with the size, so no '
                          'bandwidth can be fitted; measure more or larger')
     return a / (2 * (k - 1)), b * k / (2 * (k - 1))
+
+def fit_ps_alpha_beta(num_bytes, seconds, k, servers=1):
+    """Alpha and beta of the parameter-server model fitted to push-pull timings.
+
+    Defined in :numref:`sec_cost_model`"""
+    _check_int('k (the number of workers)', k, 1)
+    _check_int('servers', servers, 1)
+    # The same line t = a + b n: fit it as a ring of two, then convert.
+    a2, b2 = fit_alpha_beta(num_bytes, seconds, 2)  # a = 2 a2, b = b2
+    return a2, b2 / (2 * max(1, k / servers))
 
 def _alternating_rounds(jobs, reps, wait=lambda: None, sync=lambda: None):
     """Seconds of each no-argument function in `jobs` in each of `reps` rounds; rounds alternate the order.
@@ -2549,6 +2568,43 @@ def _slowest_medians(per_process):
     Defined in :numref:`sec_cost_model`"""
     rounds = [[max(col) for col in zip(*rows)] for rows in zip(*per_process)]
     return [statistics.median(col) for col in zip(*rounds)]
+
+def time_all_reduce(world_size, sizes, reps=3, calls=5):
+    """Median seconds per push and pull of each byte size in `sizes`.
+
+    Defined in :numref:`sec_cost_model`"""
+    sizes = _check_sizes(sizes, reps)
+    _check_int('calls', calls, 1)
+    _check_world_of_two(world_size)
+    return _slowest_medians(spawn_ranks(
+        _all_reduce_worker, world_size, 'env://', sizes, reps, calls))
+
+def _all_reduce_worker(rank, world_size, init_method, sizes, reps, calls):
+    """One worker of time_all_reduce: its seconds per call of each size.
+
+    Defined in :numref:`sec_cost_model`"""
+    with process_group(rank, world_size, init_method) as device:
+        return _all_reduce_rounds(
+            [np.zeros(n // 4, ctx=device) for n in sizes], reps, calls,
+            npx.waitall)
+
+def _all_reduce_rounds(bufs, reps, calls, sync):
+    """Seconds per push and pull of each buffer in alternating rounds.
+
+    Defined in :numref:`sec_cost_model`"""
+    kv = _STORES[-1]
+    keys = [next(_SUM_KEYS) for _ in bufs]  # keys no Trainer uses
+    for key, x in zip(keys, bufs):
+        kv.init(key, x)
+        kv.pushpull(key, x, out=x)  # untimed: the first call sets up
+    def exchange(key, x):
+        for _ in range(calls):
+            kv.pushpull(key, x, out=x)
+        x.wait_to_read()
+    seconds = _alternating_rounds(
+        [lambda k=key, x=x: exchange(k, x) for key, x in zip(keys, bufs)],
+        reps, kv._barrier, sync)
+    return [[s / calls for s in row] for row in seconds]
 
 def ddp_buckets(num_bytes, bucket_cap_mb=25, first_bucket_mb=1):
     """Sizes in bytes of the gradient buckets DDP makes of `num_bytes`, ignoring parameter boundaries.
@@ -2576,6 +2632,67 @@ def predict_step_time(t_compute, num_bytes, k, alpha, beta, cores=None,
     comm = sum(ring_allreduce_time(b, k, alpha, beta)
                for b in ddp_buckets(num_bytes, bucket_cap_mb))
     return t_compute * share + (1 - overlap) * comm / accumulate
+
+def cost_model_net(model):
+    """LeNet ('lenet') or the book's ResNet-18 ('resnet18'), uninitialised.
+
+    Defined in :numref:`sec_cost_model`"""
+    if model == 'lenet':
+        net = nn.Sequential()
+        net.add(nn.Conv2D(6, 5, padding=2, in_channels=1, activation='relu'),
+                nn.MaxPool2D(2),
+                nn.Conv2D(16, 5, in_channels=6, activation='relu'),
+                nn.MaxPool2D(2), nn.Flatten(),
+                nn.Dense(120, 'relu', in_units=400),
+                nn.Dense(84, 'relu', in_units=120), nn.Dense(10, in_units=84))
+        return net
+    if model == 'resnet18':
+        return resnet18(10)
+    raise ValueError(f"model must be 'lenet' or 'resnet18', got {model!r}")
+
+def gradient_bytes(net):
+    """Bytes of float32 gradients of `net`'s trainable parameters.
+
+    Defined in :numref:`sec_cost_model`"""
+    return sum(4 * math.prod(p.shape) for p in net.collect_params().values()
+               if p.grad_req != 'null')
+
+def time_compute(model, batch_size, threads=None, num_steps=2, warmup=1,
+                 reps=3, bf16=False):
+    """Median seconds per plain SGD step of `model` on `batch_size` images.
+
+    Defined in :numref:`sec_cost_model`"""
+    cost_model_net(model)  # rejects an unknown name
+    _check_sizes([4], reps)
+    if bf16:
+        raise ValueError('bf16=True: this tab times float32 only')
+    with _environment({'OMP_NUM_THREADS': str(threads or 1)}):
+        return _slowest_medians(spawn_ranks(
+            _compute_worker, 1, model, batch_size, num_steps, warmup,
+            reps))[0]
+
+def _compute_worker(rank, world_size, model, batch_size, num_steps, warmup,
+                    reps):
+    """The worker of time_compute: seconds per step in rounds, no exchange.
+
+    Defined in :numref:`sec_cost_model`"""
+    mx.random.seed(0)
+    net = cost_model_net(model)
+    net.initialize(init.Xavier())
+    trainer = gluon.Trainer(net.collect_params(), 'sgd',
+                            {'learning_rate': 0.01}, kvstore=None)
+    X, y = timing_batch(batch_size)
+    loss = gluon.loss.SoftmaxCrossEntropyLoss()
+    def steps(n):
+        for _ in range(n):
+            with autograd.record():
+                l = loss(net(X), y)
+            l.backward()
+            trainer.step(batch_size)
+        npx.waitall()
+    steps(warmup)
+    seconds = _alternating_rounds([lambda: steps(num_steps)], reps)
+    return [[s / num_steps for s in row] for row in seconds]
 
 import gzip
 import hashlib

@@ -1848,8 +1848,9 @@ def _time_ddp_worker(rank, world_size, init_method, global_batch, num_steps,
         X, y = shard_of_batch(*fashion_mnist_tensors('train'), 0, rank,
                               world_size, global_batch // world_size)
         seconds = [0.0] * world_size
-        seconds[rank] = time_steps(net, optimizer, _on(X, device),
-                                   _on(y, device), num_steps, warmup, device)
+        X, y = _to_device(X, device), _to_device(y, device)
+        seconds[rank] = time_steps(net, optimizer, X, y, num_steps, warmup,
+                                   device)
         return max(_sum_over_ranks(seconds, device, world_size))
 
 def _thread_environment(threads):
@@ -1860,7 +1861,7 @@ def _timing_rendezvous():
     """Defined in :numref:`sec_ddp_resnet`"""
     return 'env://'
 
-def _on(x, device):
+def _to_device(x, device):
     """`x` on `device` (the current device already holds it).
 
     Defined in :numref:`sec_ddp_resnet`"""
@@ -2829,6 +2830,14 @@ def naive_allreduce_time(num_bytes, k, alpha, beta):
     _check_cost_args(num_bytes, k, alpha, beta)
     return 2 * (k - 1) * (alpha + beta * num_bytes)
 
+def ps_pushpull_time(num_bytes, k, alpha, beta, servers=1):
+    """Seconds the alpha-beta model gives a push and a pull through `servers` servers.
+
+    Defined in :numref:`sec_cost_model`"""
+    _check_cost_args(num_bytes, k, alpha, beta)
+    _check_int('servers', servers, 1)
+    return 2 * (alpha + beta * num_bytes * max(1, k / servers))
+
 def fit_alpha_beta(num_bytes, seconds, k):
     """Alpha (s per message) and beta (s per byte) of the ring model fitted to allreduce timings over `k` processes.
 
@@ -2848,6 +2857,16 @@ def fit_alpha_beta(num_bytes, seconds, k):
         raise ValueError('the timings do not grow with the size, so no '
                          'bandwidth can be fitted; measure more or larger')
     return a / (2 * (k - 1)), b * k / (2 * (k - 1))
+
+def fit_ps_alpha_beta(num_bytes, seconds, k, servers=1):
+    """Alpha and beta of the parameter-server model fitted to push-pull timings.
+
+    Defined in :numref:`sec_cost_model`"""
+    _check_int('k (the number of workers)', k, 1)
+    _check_int('servers', servers, 1)
+    # The same line t = a + b n: fit it as a ring of two, then convert.
+    a2, b2 = fit_alpha_beta(num_bytes, seconds, 2)  # a = 2 a2, b = b2
+    return a2, b2 / (2 * max(1, k / servers))
 
 def _alternating_rounds(jobs, reps, wait=lambda: None, sync=lambda: None):
     """Seconds of each no-argument function in `jobs` in each of `reps` rounds; rounds alternate the order.

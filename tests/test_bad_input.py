@@ -457,6 +457,10 @@ SWEEP = [
         d2l.ring_allreduce_time, cost_args()),
         {'num_bytes': 'real', 'k': 'count', 'alpha': 'real', 'beta': 'real'},
         True),
+    Sweep('ps_pushpull_time', ALL, lambda d2l, fw: (
+        d2l.ps_pushpull_time, dict(cost_args(), servers=1)),
+        {'num_bytes': 'real', 'k': 'count', 'alpha': 'real', 'beta': 'real',
+         'servers': 'count'}, True),
     Sweep('naive_allreduce_time', ALL, lambda d2l, fw: (
         d2l.naive_allreduce_time, cost_args()),
         {'num_bytes': 'real', 'k': 'count', 'alpha': 'real', 'beta': 'real'},
@@ -513,7 +517,7 @@ SWEEP = [
         world_size=1, global_batch=2, num_steps=1, warmup=0, threads=1)),
         {'world_size': 'count', 'global_batch': 'count', 'num_steps': 'count',
          'warmup': 'count0', 'threads': 'count'}, False),
-    Sweep('time_all_reduce', MULTI, lambda d2l, fw: (d2l.time_all_reduce, dict(
+    Sweep('time_all_reduce', ALL, lambda d2l, fw: (d2l.time_all_reduce, dict(
         world_size=2, sizes=[4096], reps=1, calls=1)),
         {'world_size': 'count', 'reps': 'count', 'calls': 'count'}, False),
     Sweep('block_mlp', ALL, lambda d2l, fw: (d2l.block_mlp, dict(
