@@ -320,8 +320,7 @@ def cost_model(ops, s):
     core-sharing factor, comes along for comparison)."""
     import os
     if ops.name == 'mxnet':
-        raise Missing('MXNet has no multi-process data-parallel wrapper; the '
-                      'cost model is measured in PyTorch and PaddlePaddle')
+        return _cost_model_parameter_server(ops, s)
     d2l = ops.d2l
     (time_all_reduce, fit_alpha_beta, time_compute, time_ddp_configs,
      predict_step_time, gradient_bytes, cost_model_net) = need(
@@ -344,7 +343,7 @@ def cost_model(ops, s):
                for a in (1, 2) for ddp in (False, True)]
     rows = []
     for k in s['cm_ks']:
-        threads = max(1, cores // k)  # what the DDP section gives a process
+        threads = 1  # a core is a device: one thread per process
         alpha, beta = fits.get(k, (0.0, 0.0))
         alone = {m: time_compute(m, batch // k, threads, steps, reps=reps)
                  for m in models}
@@ -365,6 +364,46 @@ def cost_model(ops, s):
                              predicted_from_alone_s=p_alone,
                              error_from_alone=p_alone / t - 1,
                              predicted_s=p, measured_s=t, error=p / t - 1))
+    return dict(cores=cores, global_batch=batch, steps=steps, reps=reps,
+                sizes=sizes, allreduce_s=allreduce_s, alpha_beta=fits,
+                gradient_bytes=grad, rows=rows,
+                max_abs_error=max(abs(r['error']) for r in rows),
+                within_25_percent=sum(abs(r['error']) <= 0.25 for r in rows))
+
+
+def _cost_model_parameter_server(ops, s):
+    """The MXNet tab of the cost-model section: seconds per step of k
+    workers on a dist_sync store (time_ddp), against one worker's plain steps
+    plus one push and pull of all the gradient bytes (ps_pushpull_time), with
+    alpha and beta fitted to push-pull timings."""
+    import functools
+    import os
+    d2l = ops.d2l
+    (time_all_reduce, fit_ps, time_compute, time_ddp, ps_time,
+     gradient_bytes, cost_model_net) = need(
+        d2l, 'time_all_reduce', 'fit_ps_alpha_beta', 'time_compute',
+        'time_ddp', 'ps_pushpull_time', 'gradient_bytes', 'cost_model_net')
+    models = s['cm_models']
+    sizes, reps, steps, batch = (s['cm_sizes'], s['cm_reps'], s['cm_steps'],
+                                 s['cm_batch'])
+    cores = os.cpu_count() or 1
+    ks = [k for k in s['cm_ks']]
+    allreduce_s = {k: time_all_reduce(k, sizes, reps)
+                   for k in sorted({max(k, 2) for k in ks})}
+    fits = {k: fit_ps(sizes, t, k) for k, t in allreduce_s.items()}
+    grad = {m: gradient_bytes(cost_model_net(m)) for m in models}
+    rows = []
+    for k in ks:
+        alpha, beta = fits[max(k, 2)]  # one worker also goes via the server
+        for m in models:
+            alone = time_compute(m, batch // k, 1, steps, reps=reps)
+            p = alone * max(1, k / cores) + ps_time(grad[m], k, alpha, beta)
+            t = time_ddp(k, batch, steps, 1,
+                         functools.partial(cost_model_net, m))
+            rows.append(dict(model=m, k=k, accumulate=1, threads=1,
+                             compute_alone_s=alone, predicted_from_alone_s=p,
+                             error_from_alone=p / t - 1, predicted_s=p,
+                             measured_s=t, error=p / t - 1))
     return dict(cores=cores, global_batch=batch, steps=steps, reps=reps,
                 sizes=sizes, allreduce_s=allreduce_s, alpha_beta=fits,
                 gradient_bytes=grad, rows=rows,
