@@ -1181,14 +1181,14 @@ def _push_pull_demo(rank, world_size):
             'pid': os.getpid(), 'sum': float(total[0])}
 
 def fashion_mnist_tensors(split):
-    """Images and labels of a Fashion-MNIST split as arrays (the quick subset in quick mode).
+    """Fashion-MNIST images and labels as arrays; a subset in quick mode.
 
     Defined in :numref:`sec_ddp`"""
     images, labels = fashion_mnist_arrays(split, quick_mode(num_gpus()))
     return np.array(images), np.array(labels, dtype='int32')
 
 def _small_mlp(seed):
-    """A two-layer perceptron for 28x28 images, initialised from `seed`; no batch norm.
+    """A two-layer MLP for 28x28 images, initialised from `seed`; no BN.
 
     Defined in :numref:`sec_ddp`"""
     mx.random.seed(seed)
@@ -1199,16 +1199,17 @@ def _small_mlp(seed):
     return net
 
 def flat_parameters(net):
-    """All parameters of `net` in one flat NumPy vector, in registration order.
+    """All parameters of `net` in one flat NumPy vector, in their order.
 
     Defined in :numref:`sec_ddp`"""
     return onp.concatenate([p.data().asnumpy().reshape(-1)
                             for p in net.collect_params().values()])
 
 def _sgd(net, lr, momentum=0.0, kvstore='device'):
-    """A Gluon trainer for SGD (with `momentum`) over the parameters of `net`, exchanging through `kvstore` (a type or a store).
+    """A Gluon SGD trainer for `net` that exchanges through `kvstore`.
 
     Defined in :numref:`sec_ddp`"""
+    # kvstore: a kvstore type such as 'device', or a store
     d2l._check_rate(lr, 'lr')
     d2l._check_rate(momentum, 'momentum', below=1)
     return gluon.Trainer(net.collect_params(), 'sgd',
@@ -1216,7 +1217,7 @@ def _sgd(net, lr, momentum=0.0, kvstore='device'):
                          kvstore=kvstore)
 
 def shard_of_batch(X, y, step, rank, world_size, batch_size):
-    """Rank `rank`'s `batch_size` examples of global minibatch `step`, wrapping around the data.
+    """Rank `rank`'s `batch_size` examples of minibatch `step`, wrapping.
 
     Defined in :numref:`sec_ddp`"""
     d2l._check_rank(rank, world_size)
@@ -1228,7 +1229,7 @@ def shard_of_batch(X, y, step, rank, world_size, batch_size):
 
 def sgd_on_shards(net, optimizer, rank, world_size, num_steps, batch_size,
                   device):
-    """Take `num_steps` optimizer steps, rank `rank` training on its shard of each global minibatch.
+    """Take `num_steps` steps, rank `rank` training on its minibatch shard.
 
     Defined in :numref:`sec_ddp`"""
     d2l._check_count(num_steps, 'num_steps')
@@ -1244,7 +1245,7 @@ def sgd_on_shards(net, optimizer, rank, world_size, num_steps, batch_size,
         d2l._check_loss(l.mean(), f'step {step + 1}')
 
 def ddp_sgd_steps(rank, world_size, init_method, num_steps, batch_size, lr):
-    """Worker of a parameter server job: `num_steps` of SGD on `_small_mlp`, `batch_size` examples per rank; returns the parameters.
+    """Parameter server worker: `num_steps` SGD steps; returns parameters.
 
     Defined in :numref:`sec_ddp`"""
     if init_method != 'env://':
@@ -1257,7 +1258,7 @@ def ddp_sgd_steps(rank, world_size, init_method, num_steps, batch_size, lr):
     return flat_parameters(net)
 
 def sgd_steps_one_process(num_steps, batch_size, lr):
-    """The same SGD in this process alone, on minibatches of `batch_size`, from rank 0's start.
+    """The same SGD in this process alone, starting from rank 0's model.
 
     Defined in :numref:`sec_ddp`"""
     net = _small_mlp(seed=0)
@@ -1265,7 +1266,7 @@ def sgd_steps_one_process(num_steps, batch_size, lr):
     return flat_parameters(net)
 
 def _timed_step(net, trainer, X, y):
-    """Seconds that one training step of `net` on (X, y) takes, exchange included.
+    """Seconds of one training step of `net` on (X, y), exchange included.
 
     Defined in :numref:`sec_ddp`"""
     began = time.perf_counter()
@@ -1277,7 +1278,7 @@ def _timed_step(net, trainer, X, y):
     return time.perf_counter() - began
 
 def _skew_demo(rank, world_size, init_method, delay_s, report_dir):
-    """Time steps through dist_sync while rank 1 is late once and then leaves; write each rank's timings.
+    """Time dist_sync steps while rank 1 is late once, then leaves.
 
     Defined in :numref:`sec_ddp`"""
     net = _small_mlp(seed=0)
@@ -1298,7 +1299,7 @@ def _skew_demo(rank, world_size, init_method, delay_s, report_dir):
     _timed_step(net, trainer, X, y)  # waits for rank 1's push: forever
 
 def _checkpoint_demo(rank, world_size, init_method, path):
-    """Train, save on rank 0, load into a fresh model on every rank; return the parameters before and after.
+    """Train, save on rank 0, load on every rank; parameters before, after.
 
     Defined in :numref:`sec_ddp`"""
     kv = mx.kv.create('dist_sync')  # kept, for the barrier below
@@ -1315,7 +1316,7 @@ def _checkpoint_demo(rank, world_size, init_method, path):
             'after': flat_parameters(fresh)}
 
 class _TwoDeviceMLP(nn.Block):
-    """`_small_mlp` cut in two: the hidden layer on devices[0], the output layer on devices[1].
+    """`_small_mlp` in two: hidden layer on devices[0], output on [1].
 
     Defined in :numref:`sec_ddp`"""
     def __init__(self, devices, seed):
@@ -1333,7 +1334,7 @@ class _TwoDeviceMLP(nn.Block):
 
 def model_parallel_ddp_steps(rank, world_size, init_method, num_steps,
                              batch_size, lr):
-    """Worker of a parameter server job whose model is cut into two parts; returns its devices and parameters.
+    """Parameter server worker, model cut in two; devices and parameters.
 
     Defined in :numref:`sec_ddp`"""
     devices = [mx.cpu(), mx.cpu()]  # see the text: one context for both

@@ -1451,14 +1451,14 @@ def ddp_script_path(framework=None):
                             ": run from the book's root or notebook folder")
 
 def fashion_mnist_tensors(split):
-    """Images and labels of a Fashion-MNIST split as tensors (the quick subset in quick mode).
+    """Fashion-MNIST images and labels as tensors; a subset in quick mode.
 
     Defined in :numref:`sec_ddp`"""
     images, labels = fashion_mnist_arrays(split, quick_mode(num_gpus()))
     return paddle.to_tensor(images), paddle.to_tensor(labels)
 
 def _small_mlp(seed):
-    """A two-layer perceptron for 28x28 images, initialised from `seed`; no batch norm.
+    """A two-layer MLP for 28x28 images, initialised from `seed`; no BN.
 
     Defined in :numref:`sec_ddp`"""
     paddle.seed(seed)
@@ -1466,13 +1466,13 @@ def _small_mlp(seed):
                          nn.Linear(64, 10))
 
 def flat_parameters(net):
-    """All parameters of `net` in one flat NumPy vector, in registration order.
+    """All parameters of `net` in one flat NumPy vector, in their order.
 
     Defined in :numref:`sec_ddp`"""
     return np.concatenate([p.numpy().reshape(-1) for p in net.parameters()])
 
 def _wrap_ddp(net, device):
-    """`net` wrapped in paddle.DataParallel, on the device process_group set.
+    """`net` in paddle.DataParallel, on the device process_group set.
 
     Defined in :numref:`sec_ddp`"""
     return paddle.DataParallel(net)
@@ -1489,7 +1489,7 @@ def _sgd(net, lr, momentum=0.0):
     return paddle.optimizer.SGD(learning_rate=lr, parameters=net.parameters())
 
 def shard_of_batch(X, y, step, rank, world_size, batch_size):
-    """Rank `rank`'s `batch_size` examples of global minibatch `step`, wrapping around the data.
+    """Rank `rank`'s `batch_size` examples of minibatch `step`, wrapping.
 
     Defined in :numref:`sec_ddp`"""
     d2l._check_rank(rank, world_size)
@@ -1501,7 +1501,7 @@ def shard_of_batch(X, y, step, rank, world_size, batch_size):
 
 def sgd_on_shards(net, optimizer, rank, world_size, num_steps, batch_size,
                   device):
-    """Take `num_steps` optimizer steps, rank `rank` training on its shard of each global minibatch.
+    """Take `num_steps` steps, rank `rank` training on its minibatch shard.
 
     Defined in :numref:`sec_ddp`"""
     d2l._check_count(num_steps, 'num_steps')
@@ -1512,23 +1512,23 @@ def sgd_on_shards(net, optimizer, rank, world_size, num_steps, batch_size,
         y_hat = net(X_shard.to(device))
         loss = F.cross_entropy(y_hat, y_shard.to(y_hat.device))
         optimizer.zero_grad()
-        loss.backward()  # a wrapped model averages the gradients over ranks here
+        loss.backward()  # a wrapped model averages gradients over ranks
         optimizer.step()
         d2l._check_loss(loss, f'step {step + 1}')
 
 def ddp_sgd_steps(rank, world_size, init_method, num_steps, batch_size, lr):
-    """Multi-process worker: `num_steps` of SGD on `_small_mlp`, `batch_size` examples per rank; returns the parameters.
+    """Worker: `num_steps` SGD steps on `_small_mlp`; returns parameters.
 
     Defined in :numref:`sec_ddp`"""
     with process_group(rank, world_size, init_method) as device:
-        # Seeds differ on purpose: wrapping the model must make the copies agree.
+        # Seeds differ on purpose: the wrapper must make the copies agree.
         net = _wrap_ddp(_small_mlp(seed=rank), device)
         sgd_on_shards(net, _sgd(net, lr), rank, world_size, num_steps,
                       batch_size, device)
         return flat_parameters(net)
 
 def sgd_steps_one_process(num_steps, batch_size, lr):
-    """The same SGD in this process alone, on minibatches of `batch_size`, from rank 0's start.
+    """The same SGD in this process alone, starting from rank 0's model.
 
     Defined in :numref:`sec_ddp`"""
     net = _small_mlp(seed=0)
@@ -1544,7 +1544,7 @@ def _timed_step(net, X, y):
     return time.perf_counter() - began
 
 def _skew_demo(rank, world_size, init_method, delay_s, report_dir):
-    """Time DataParallel steps while rank 1 is late once and then leaves; write each rank's timings.
+    """Time DataParallel steps while rank 1 is late once, then leaves.
 
     Defined in :numref:`sec_ddp`"""
     with process_group(rank, world_size, init_method, device='cpu'):
@@ -1561,12 +1561,12 @@ def _skew_demo(rank, world_size, init_method, delay_s, report_dir):
         with open(os.path.join(report_dir, f'rank{rank}.json'), 'w') as f:
             json.dump(seen, f)
         if rank == 1:
-            dist.destroy_process_group()  # leave now, without waiting for rank 0
+            dist.destroy_process_group()  # leave now, not waiting for rank 0
         else:
             _timed_step(net, X, y)  # finds rank 1 gone: aborts here
 
 def _checkpoint_demo(rank, world_size, init_method, path):
-    """Train, save on rank 0, load into a fresh model on every rank; return the parameters before and after.
+    """Train, save on rank 0, load on every rank; parameters before, after.
 
     Defined in :numref:`sec_ddp`"""
     with process_group(rank, world_size, init_method) as device:
@@ -1585,7 +1585,7 @@ def _checkpoint_demo(rank, world_size, init_method, path):
                 'after': flat_parameters(fresh)}
 
 class _TwoDeviceMLP(nn.Layer):
-    """`_small_mlp` cut in two: the hidden layer on devices[0], the output layer on devices[1].
+    """`_small_mlp` in two: hidden layer on devices[0], output on [1].
 
     Defined in :numref:`sec_ddp`"""
     def __init__(self, devices, seed):
@@ -1603,7 +1603,7 @@ class _TwoDeviceMLP(nn.Layer):
 
 def model_parallel_ddp_steps(rank, world_size, init_method, num_steps,
                              batch_size, lr):
-    """DataParallel worker whose model is cut into two parts; returns its devices and parameters.
+    """DataParallel worker, model cut in two; its devices and parameters.
 
     Defined in :numref:`sec_ddp`"""
     devices = ['cpu', 'cpu']  # see the text: both halves on the CPU

@@ -1283,14 +1283,14 @@ def ddp_script_path(framework=None):
                             ": run from the book's root or notebook folder")
 
 def fashion_mnist_tensors(split):
-    """Images and labels of a Fashion-MNIST split as tensors (the quick subset in quick mode).
+    """Fashion-MNIST images and labels as tensors; a subset in quick mode.
 
     Defined in :numref:`sec_ddp`"""
     images, labels = fashion_mnist_arrays(split, quick_mode(num_gpus()))
     return torch.from_numpy(images), torch.from_numpy(labels)
 
 def _small_mlp(seed):
-    """A two-layer perceptron for 28x28 images, initialised from `seed`; no batch norm.
+    """A two-layer MLP for 28x28 images, initialised from `seed`; no BN.
 
     Defined in :numref:`sec_ddp`"""
     torch.manual_seed(seed)
@@ -1298,7 +1298,7 @@ def _small_mlp(seed):
                          nn.Linear(64, 10))
 
 def flat_parameters(net):
-    """All parameters of `net` in one flat NumPy vector, in registration order.
+    """All parameters of `net` in one flat NumPy vector, in their order.
 
     Defined in :numref:`sec_ddp`"""
     return torch.cat([p.detach().cpu().reshape(-1)
@@ -1319,7 +1319,7 @@ def _sgd(net, lr, momentum=0.0):
     return torch.optim.SGD(net.parameters(), lr=lr, momentum=momentum)
 
 def shard_of_batch(X, y, step, rank, world_size, batch_size):
-    """Rank `rank`'s `batch_size` examples of global minibatch `step`, wrapping around the data.
+    """Rank `rank`'s `batch_size` examples of minibatch `step`, wrapping.
 
     Defined in :numref:`sec_ddp`"""
     d2l._check_rank(rank, world_size)
@@ -1331,7 +1331,7 @@ def shard_of_batch(X, y, step, rank, world_size, batch_size):
 
 def sgd_on_shards(net, optimizer, rank, world_size, num_steps, batch_size,
                   device):
-    """Take `num_steps` optimizer steps, rank `rank` training on its shard of each global minibatch.
+    """Take `num_steps` steps, rank `rank` training on its minibatch shard.
 
     Defined in :numref:`sec_ddp`"""
     d2l._check_count(num_steps, 'num_steps')
@@ -1342,23 +1342,23 @@ def sgd_on_shards(net, optimizer, rank, world_size, num_steps, batch_size,
         y_hat = net(X_shard.to(device))
         loss = F.cross_entropy(y_hat, y_shard.to(y_hat.device))
         optimizer.zero_grad()
-        loss.backward()  # a wrapped model averages the gradients over ranks here
+        loss.backward()  # a wrapped model averages gradients over ranks
         optimizer.step()
         d2l._check_loss(loss, f'step {step + 1}')
 
 def ddp_sgd_steps(rank, world_size, init_method, num_steps, batch_size, lr):
-    """Multi-process worker: `num_steps` of SGD on `_small_mlp`, `batch_size` examples per rank; returns the parameters.
+    """Worker: `num_steps` SGD steps on `_small_mlp`; returns parameters.
 
     Defined in :numref:`sec_ddp`"""
     with process_group(rank, world_size, init_method) as device:
-        # Seeds differ on purpose: wrapping the model must make the copies agree.
+        # Seeds differ on purpose: the wrapper must make the copies agree.
         net = _wrap_ddp(_small_mlp(seed=rank), device)
         sgd_on_shards(net, _sgd(net, lr), rank, world_size, num_steps,
                       batch_size, device)
         return flat_parameters(net)
 
 def sgd_steps_one_process(num_steps, batch_size, lr):
-    """The same SGD in this process alone, on minibatches of `batch_size`, from rank 0's start.
+    """The same SGD in this process alone, starting from rank 0's model.
 
     Defined in :numref:`sec_ddp`"""
     net = _small_mlp(seed=0)
@@ -1374,23 +1374,23 @@ def _timed_step(net, X, y):
     return time.perf_counter() - began
 
 def _skew_demo(rank, world_size, init_method, delay_s, timeout_s):
-    """Time DDP steps of every rank while rank 1 is late once and then leaves.
+    """Time every rank's DDP steps while rank 1 is late once, then leaves.
 
     Defined in :numref:`sec_ddp`"""
-    cpu = torch.device('cpu')  # Gloo everywhere: NCCL aborts instead of raising
+    cpu = torch.device('cpu')  # Gloo: NCCL aborts instead of raising
     with process_group(rank, world_size, init_method, timeout_s, cpu):
         net = DDP(_small_mlp(seed=0))
         X, y = shard_of_batch(*fashion_mnist_tensors('train'), 0, rank,
                               world_size, 32)
         for _ in range(3):
-            _timed_step(net, X, y)  # DDP settles its buckets in the first steps
+            _timed_step(net, X, y)  # DDP settles its buckets first
         seen = {'all on time': _timed_step(net, X, y)}
         if rank == 1:
             time.sleep(delay_s)
         seen['rank 1 late'] = _timed_step(net, X, y)
         _ABANDONED.append(net)  # never freed: see _exit_if_abandoned
         if rank == 1:
-            dist.destroy_process_group()  # leave now, without waiting for rank 0
+            dist.destroy_process_group()  # leave now, not waiting for rank 0
             return seen
         began = time.perf_counter()
         try:
@@ -1403,7 +1403,7 @@ def _skew_demo(rank, world_size, init_method, delay_s, timeout_s):
         return seen
 
 def _checkpoint_demo(rank, world_size, init_method, path):
-    """Train, save on rank 0, load into a fresh model on every rank; return the parameters before and after.
+    """Train, save on rank 0, load on every rank; parameters before, after.
 
     Defined in :numref:`sec_ddp`"""
     with process_group(rank, world_size, init_method) as device:
@@ -1425,7 +1425,7 @@ def _checkpoint_demo(rank, world_size, init_method, path):
                 'after': flat_parameters(fresh)}
 
 class _TwoDeviceMLP(nn.Module):
-    """`_small_mlp` cut in two: the hidden layer on devices[0], the output layer on devices[1].
+    """`_small_mlp` in two: hidden layer on devices[0], output on [1].
 
     Defined in :numref:`sec_ddp`"""
     def __init__(self, devices, seed):
@@ -1441,7 +1441,7 @@ class _TwoDeviceMLP(nn.Module):
         return self.upper(hidden.to(self.devices[1]))  # activations cross over
 
 def model_parallel_devices(local_rank, local_world_size):
-    """Two devices for one process: GPUs 2*local_rank and 2*local_rank+1 if there are enough, else the CPU twice.
+    """Two devices: GPUs 2*local_rank and 2*local_rank+1, else CPU twice.
 
     Defined in :numref:`sec_ddp`"""
     _check_rank(local_rank, local_world_size, 'local_rank')
@@ -1452,12 +1452,13 @@ def model_parallel_devices(local_rank, local_world_size):
 
 def model_parallel_ddp_steps(rank, world_size, init_method, num_steps,
                              batch_size, lr):
-    """DDP worker whose model spans two devices; returns its devices and parameters.
+    """DDP worker whose model spans two devices; its devices and parameters.
 
     Defined in :numref:`sec_ddp`"""
     devices = model_parallel_devices(rank, world_size)
     with process_group(rank, world_size, init_method, device=devices[0]):
-        net = DDP(_TwoDeviceMLP(devices, seed=rank))  # no device_ids: it spans two
+        # no device_ids: the model spans two devices
+        net = DDP(_TwoDeviceMLP(devices, seed=rank))
         sgd_on_shards(net, _sgd(net, lr), rank, world_size, num_steps,
                       batch_size, devices[0])
         return {'devices': [str(d) for d in devices],
