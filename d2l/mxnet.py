@@ -2198,23 +2198,24 @@ def _check_sizes(sizes, reps):
     return sizes
 
 def ring_allreduce_time(num_bytes, k, alpha, beta):
-    """Seconds the alpha-beta model gives a ring allreduce of `num_bytes` over `k` processes.
+    """Alpha-beta seconds of a ring allreduce of `num_bytes` over `k` ranks.
 
     Defined in :numref:`sec_cost_model`"""
     _check_cost_args(num_bytes, k, alpha, beta)
     return 2 * (k - 1) * (alpha + beta * num_bytes / k)
 
 def naive_allreduce_time(num_bytes, k, alpha, beta):
-    """Seconds the alpha-beta model gives the naive allreduce (all through device 0) of `num_bytes`.
+    """Alpha-beta seconds of a naive allreduce (all through device 0).
 
     Defined in :numref:`sec_cost_model`"""
     _check_cost_args(num_bytes, k, alpha, beta)
     return 2 * (k - 1) * (alpha + beta * num_bytes)
 
 def fit_alpha_beta(num_bytes, seconds, k):
-    """Alpha (s per message) and beta (s per byte) of the ring model fitted to allreduce timings over `k` processes.
+    """Ring-model alpha (s/message) and beta (s/byte) fitted to timings.
 
     Defined in :numref:`sec_cost_model`"""
+    # the timings are allreduces over `k` processes
     num_bytes, seconds = list(num_bytes), list(seconds)
     _check_timings(num_bytes, seconds, k)
     w = [1 / t ** 2 for t in seconds]  # relative, not absolute, errors
@@ -2232,7 +2233,7 @@ def fit_alpha_beta(num_bytes, seconds, k):
     return a / (2 * (k - 1)), b * k / (2 * (k - 1))
 
 def _alternating_rounds(jobs, reps, wait=lambda: None, sync=lambda: None):
-    """Seconds of each no-argument function in `jobs` in each of `reps` rounds; rounds alternate the order.
+    """Seconds of each function in `jobs` in `reps` alternating rounds.
 
     Defined in :numref:`sec_cost_model`"""
     seconds = [[0.0] * len(jobs) for _ in range(reps)]
@@ -2247,16 +2248,18 @@ def _alternating_rounds(jobs, reps, wait=lambda: None, sync=lambda: None):
     return seconds
 
 def _slowest_medians(per_process):
-    """Per job, the median over rounds of the slowest process's seconds, given each process's _alternating_rounds.
+    """Per job, the median over rounds of the slowest process's seconds.
 
     Defined in :numref:`sec_cost_model`"""
+    # rounds: each process's result of _alternating_rounds
     rounds = [[max(col) for col in zip(*rows)] for rows in zip(*per_process)]
     return [statistics.median(col) for col in zip(*rounds)]
 
 def ddp_buckets(num_bytes, bucket_cap_mb=25, first_bucket_mb=1):
-    """Sizes in bytes of the gradient buckets DDP makes of `num_bytes`, ignoring parameter boundaries.
+    """Byte sizes of DDP's gradient buckets for `num_bytes` of gradients.
 
     Defined in :numref:`sec_cost_model`"""
+    # parameter boundaries are ignored
     _check_cost_args(num_bytes, 1, 0, 0)
     _check_number('bucket_cap_mb', bucket_cap_mb, positive=True)
     _check_number('first_bucket_mb', first_bucket_mb, positive=True)
@@ -2269,9 +2272,10 @@ def ddp_buckets(num_bytes, bucket_cap_mb=25, first_bucket_mb=1):
 
 def predict_step_time(t_compute, num_bytes, k, alpha, beta, cores=None,
                       threads=1, bucket_cap_mb=25, accumulate=1, overlap=0.0):
-    """Predicted seconds per micro-batch of a k-process DDP step: shared-core compute plus unhidden allreduces.
+    """Predicted seconds per micro-batch of a k-process DDP step.
 
     Defined in :numref:`sec_cost_model`"""
+    # shared-core compute plus the allreduces that compute does not hide
     _check_cost_args(num_bytes, k, alpha, beta)
     _check_step_args(t_compute, cores, threads, accumulate, overlap)
     # Processes taking turns on the CPU's cores; None: a device per process.

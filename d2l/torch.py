@@ -2438,23 +2438,24 @@ def _check_sizes(sizes, reps):
     return sizes
 
 def ring_allreduce_time(num_bytes, k, alpha, beta):
-    """Seconds the alpha-beta model gives a ring allreduce of `num_bytes` over `k` processes.
+    """Alpha-beta seconds of a ring allreduce of `num_bytes` over `k` ranks.
 
     Defined in :numref:`sec_cost_model`"""
     _check_cost_args(num_bytes, k, alpha, beta)
     return 2 * (k - 1) * (alpha + beta * num_bytes / k)
 
 def naive_allreduce_time(num_bytes, k, alpha, beta):
-    """Seconds the alpha-beta model gives the naive allreduce (all through device 0) of `num_bytes`.
+    """Alpha-beta seconds of a naive allreduce (all through device 0).
 
     Defined in :numref:`sec_cost_model`"""
     _check_cost_args(num_bytes, k, alpha, beta)
     return 2 * (k - 1) * (alpha + beta * num_bytes)
 
 def fit_alpha_beta(num_bytes, seconds, k):
-    """Alpha (s per message) and beta (s per byte) of the ring model fitted to allreduce timings over `k` processes.
+    """Ring-model alpha (s/message) and beta (s/byte) fitted to timings.
 
     Defined in :numref:`sec_cost_model`"""
+    # the timings are allreduces over `k` processes
     num_bytes, seconds = list(num_bytes), list(seconds)
     _check_timings(num_bytes, seconds, k)
     w = [1 / t ** 2 for t in seconds]  # relative, not absolute, errors
@@ -2472,7 +2473,7 @@ def fit_alpha_beta(num_bytes, seconds, k):
     return a / (2 * (k - 1)), b * k / (2 * (k - 1))
 
 def _alternating_rounds(jobs, reps, wait=lambda: None, sync=lambda: None):
-    """Seconds of each no-argument function in `jobs` in each of `reps` rounds; rounds alternate the order.
+    """Seconds of each function in `jobs` in `reps` alternating rounds.
 
     Defined in :numref:`sec_cost_model`"""
     seconds = [[0.0] * len(jobs) for _ in range(reps)]
@@ -2487,16 +2488,18 @@ def _alternating_rounds(jobs, reps, wait=lambda: None, sync=lambda: None):
     return seconds
 
 def _slowest_medians(per_process):
-    """Per job, the median over rounds of the slowest process's seconds, given each process's _alternating_rounds.
+    """Per job, the median over rounds of the slowest process's seconds.
 
     Defined in :numref:`sec_cost_model`"""
+    # rounds: each process's result of _alternating_rounds
     rounds = [[max(col) for col in zip(*rows)] for rows in zip(*per_process)]
     return [statistics.median(col) for col in zip(*rounds)]
 
 def time_all_reduce(world_size, sizes, reps=3, calls=5):
-    """Median seconds per all_reduce of each byte size in `sizes` over `world_size` processes, timed over `calls` in a row.
+    """Median seconds per all_reduce of each byte size in `sizes`.
 
     Defined in :numref:`sec_cost_model`"""
+    # each over `world_size` processes, timed over `calls` calls in a row
     sizes = _check_sizes(sizes, reps)
     _check_int('calls', calls, 1)
     _check_world_of_two(world_size)
@@ -2505,7 +2508,7 @@ def time_all_reduce(world_size, sizes, reps=3, calls=5):
         calls))
 
 def _all_reduce_worker(rank, world_size, init_method, sizes, reps, calls):
-    """One process of time_all_reduce: its seconds per call for each size in alternating rounds.
+    """One process of time_all_reduce: its seconds per call for each size.
 
     Defined in :numref:`sec_cost_model`"""
     with process_group(rank, world_size, init_method) as device:
@@ -2516,7 +2519,7 @@ def _all_reduce_worker(rank, world_size, init_method, sizes, reps, calls):
             sync)
 
 def _all_reduce_rounds(bufs, reps, calls, sync):
-    """Seconds per dist.all_reduce of each buffer in `reps` alternating rounds of `calls` calls.
+    """Seconds per all_reduce of each buffer in `reps` rounds of `calls`.
 
     Defined in :numref:`sec_cost_model`"""
     for x in bufs:
@@ -2527,9 +2530,10 @@ def _all_reduce_rounds(bufs, reps, calls, sync):
     return [[s / calls for s in row] for row in seconds]
 
 def ddp_buckets(num_bytes, bucket_cap_mb=25, first_bucket_mb=1):
-    """Sizes in bytes of the gradient buckets DDP makes of `num_bytes`, ignoring parameter boundaries.
+    """Byte sizes of DDP's gradient buckets for `num_bytes` of gradients.
 
     Defined in :numref:`sec_cost_model`"""
+    # parameter boundaries are ignored
     _check_cost_args(num_bytes, 1, 0, 0)
     _check_number('bucket_cap_mb', bucket_cap_mb, positive=True)
     _check_number('first_bucket_mb', first_bucket_mb, positive=True)
@@ -2542,9 +2546,10 @@ def ddp_buckets(num_bytes, bucket_cap_mb=25, first_bucket_mb=1):
 
 def predict_step_time(t_compute, num_bytes, k, alpha, beta, cores=None,
                       threads=1, bucket_cap_mb=25, accumulate=1, overlap=0.0):
-    """Predicted seconds per micro-batch of a k-process DDP step: shared-core compute plus unhidden allreduces.
+    """Predicted seconds per micro-batch of a k-process DDP step.
 
     Defined in :numref:`sec_cost_model`"""
+    # shared-core compute plus the allreduces that compute does not hide
     _check_cost_args(num_bytes, k, alpha, beta)
     _check_step_args(t_compute, cores, threads, accumulate, overlap)
     # Processes taking turns on the CPU's cores; None: a device per process.
@@ -2554,7 +2559,7 @@ def predict_step_time(t_compute, num_bytes, k, alpha, beta, cores=None,
     return t_compute * share + (1 - overlap) * comm / accumulate
 
 def cost_model_net(model):
-    """LeNet ('lenet') or the book's ResNet-18 ('resnet18') for Fashion-MNIST, as a module.
+    """LeNet ('lenet') or the book's ResNet-18 ('resnet18') as a module.
 
     Defined in :numref:`sec_cost_model`"""
     if model == 'lenet':
@@ -2568,20 +2573,21 @@ def cost_model_net(model):
     raise ValueError(f"model must be 'lenet' or 'resnet18', got {model!r}")
 
 def gradient_bytes(net):
-    """Bytes of float32 gradients that one allreduce of `net`'s trainable parameters moves.
+    """Bytes of float32 gradients one allreduce of `net`'s parameters moves.
 
     Defined in :numref:`sec_cost_model`"""
     return sum(p.numel() * 4 for p in net.parameters() if p.requires_grad)
 
 def _sgd_steps(net, optimizer, X, y, num_steps, accumulate=1, bf16=False,
                step_end=lambda: None):
-    """Take `num_steps` SGD steps, each summing gradients of `accumulate` micro-batches (X, y), calling `step_end` after each.
+    """Take `num_steps` SGD steps of `accumulate` micro-batches (X, y) each.
 
     Defined in :numref:`sec_cost_model`"""
+    # step_end is called after each step
     for _ in range(num_steps):
         optimizer.zero_grad()
         for i in range(accumulate):
-            # DDP's no_sync skips the allreduce of all but the last micro-batch.
+            # DDP's no_sync skips the allreduce of all but the last one.
             skip = net.no_sync() if i < accumulate - 1 and hasattr(
                 net, 'no_sync') else contextlib.nullcontext()
             with skip:
@@ -2595,9 +2601,10 @@ def _sgd_steps(net, optimizer, X, y, num_steps, accumulate=1, bf16=False,
         torch.cuda.synchronize(X.device)
 
 def _time_runs(runs, X, y, num_steps, warmup, reps, wait=lambda: None):
-    """This process's seconds per micro-batch of each (net, optimizer, config) in `runs`, in alternating rounds.
+    """This process's seconds per micro-batch of each run in `runs`.
 
     Defined in :numref:`sec_cost_model`"""
+    # runs: (net, optimizer, config) triples, timed in alternating rounds
     for net, optimizer, c in runs:  # untimed: DDP also settles its buckets
         _sgd_steps(net, optimizer, X, y, warmup, c['accumulate'], c['bf16'])
     # Plain copies wait for one another after each step, as DDP's processes
@@ -2612,9 +2619,10 @@ def _time_runs(runs, X, y, num_steps, warmup, reps, wait=lambda: None):
 
 def time_compute(model, batch_size, threads=None, num_steps=2, warmup=1,
                  reps=3, bf16=False):
-    """Median seconds per plain SGD step of `model` on `batch_size` images in this process, with `threads` CPU threads.
+    """Median seconds per plain SGD step of `model` in this process.
 
     Defined in :numref:`sec_cost_model`"""
+    # on `batch_size` images, with `threads` CPU threads
     cost_model_net(model)  # rejects an unknown name
     _check_sizes([4], reps)
     device = try_gpu()
@@ -2657,7 +2665,7 @@ def _check_configs(configs):
     return out
 
 def _ddp_model(c, device):
-    """A seeded DDP model (a plain one if not c['ddp']) for config dict `c` on `device`, and its SGD optimizer.
+    """A seeded DDP (plain if not c['ddp']) model for `c`, and its SGD.
 
     Defined in :numref:`sec_cost_model`"""
     torch.manual_seed(0)
@@ -2671,9 +2679,10 @@ def _ddp_model(c, device):
 
 def time_ddp_configs(world_size, configs, global_batch, num_steps=2,
                      warmup=1, reps=3):
-    """Median seconds per micro-batch of DDP training for each config dict, `world_size` processes sharing `global_batch`.
+    """Median seconds per micro-batch of DDP training for each config.
 
     Defined in :numref:`sec_cost_model`"""
+    # `world_size` processes share `global_batch` examples
     configs = _check_configs(configs)
     _check_sizes([4], reps)
     local_batch_size(global_batch, world_size)  # fail here, not in a child
@@ -2683,7 +2692,7 @@ def time_ddp_configs(world_size, configs, global_batch, num_steps=2,
 
 def _ddp_configs_worker(rank, world_size, init_method, configs, global_batch,
                         num_steps, warmup, reps):
-    """One process of time_ddp_configs: join the group, then time the configurations.
+    """One process of time_ddp_configs: join the group, time the configs.
 
     Defined in :numref:`sec_cost_model`"""
     with process_group(rank, world_size, init_method):
@@ -2692,7 +2701,7 @@ def _ddp_configs_worker(rank, world_size, init_method, configs, global_batch,
 
 def _time_configs(configs, global_batch, num_steps, warmup, reps, rank,
                   world_size):
-    """This process's seconds per micro-batch of each configuration, in alternating rounds.
+    """This process's seconds per micro-batch of each config, alternating.
 
     Defined in :numref:`sec_cost_model`"""
     device = ddp_device(rank, world_size)
