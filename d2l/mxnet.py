@@ -38,13 +38,13 @@ def try_gpu(i=0):
     return mx.gpu(i) if i < num_gpus() else mx.cpu(i)
 
 def try_all_gpus():
-    """Return every GPU, or a one-element list holding the CPU if there are none.
+    """Return every GPU, or a list holding only the CPU if there are none.
 
     Defined in :numref:`sec_helpers`"""
     return [mx.gpu(i) for i in range(num_gpus())] or [mx.cpu()]
 
 def try_gpus(num_devices):
-    """Devices for `num_devices` model copies: GPUs only, or the CPU if there is none.
+    """Devices for `num_devices` model copies: GPUs, or the CPU if none.
 
     Defined in :numref:`sec_helpers`"""
     _check_num_devices(num_devices)
@@ -164,7 +164,7 @@ def accuracy(y_hat, y):
     return float((y_hat.astype(y.dtype) == y).sum().item())
 
 def evaluate_accuracy_gpu(net, data_iter, device=None):
-    """Fraction of examples in `data_iter` that `net` classifies correctly on one device.
+    """Fraction of `data_iter` that `net` classifies correctly, one device.
 
     Defined in :numref:`sec_helpers`"""
     if device is None and isinstance(net, gluon.Block):
@@ -178,14 +178,15 @@ def evaluate_accuracy_gpu(net, data_iter, device=None):
     return _fraction_correct(counts, data_iter)
 
 def sgd(params, lr, batch_size):
-    """Minibatch SGD on raw arrays, in place (MXNet overwrites gradients on each backward).
+    """Minibatch SGD on raw arrays, in place.
 
     Defined in :numref:`sec_helpers`"""
+    # no clearing: MXNet overwrites the gradients on each backward
     for param in _check_sgd(params, lr, batch_size):
         param[:] = param - lr * param.grad / batch_size
 
 class Animator:
-    """Plot curves that grow one point at a time, updated in place in Jupyter."""
+    """Plot curves that grow one point at a time, redrawn in Jupyter."""
     def __init__(self, xlabel=None, ylabel=None, legend=None, xlim=None,
                  ylim=None, xscale='linear', yscale='linear',
                  fmts=('-', 'm--', 'g-.', 'r:'), nrows=1, ncols=1,
@@ -228,7 +229,7 @@ class Animator:
         self.fig.savefig(path, bbox_inches='tight')
 
     def add(self, x, y):
-        """Append one point to each curve (`y` may be a list, one value per curve).
+        """Append one point to each curve (`y`: a value or one per curve).
     
         Defined in :numref:`sec_helpers`"""
         xs, ys = _points(x, y, self.Y)
@@ -253,7 +254,7 @@ QUICK_PER_CLASS = {'train': 10, 'test': 10}
 QUICK_MAX_EPOCHS = 2
 
 def quick_mode(gpus_found):
-    """Whether to serve the small subset: D2L_QUICK if set, else when there is no GPU.
+    """Whether to serve the small subset: D2L_QUICK if set, else no GPU.
 
     Defined in :numref:`sec_helpers`"""
     flag = os.environ.get('D2L_QUICK', '').strip()
@@ -271,7 +272,7 @@ def train_epochs(num_epochs):
         num_epochs, QUICK_MAX_EPOCHS)
 
 def load_data_fashion_mnist(batch_size, resize=None):
-    """Fashion-MNIST as (train, test) DataLoaders of (images, labels) minibatches.
+    """Fashion-MNIST as (train, test) loaders of (images, labels) batches.
 
     Defined in :numref:`sec_helpers`"""
     batch_size, size = _check_loader_args(batch_size, resize)
@@ -288,7 +289,7 @@ def load_data_fashion_mnist(batch_size, resize=None):
     return tuple(loaders)
 
 class Residual(nn.Block):
-    """Two 3x3 conv + batch-norm layers with an identity or 1x1-conv shortcut.
+    """Two 3x3 conv + batch-norm layers, identity or 1x1-conv shortcut.
 
     Defined in :numref:`sec_helpers`"""
     def __init__(self, input_channels, num_channels, use_1x1conv=False,
@@ -437,7 +438,8 @@ def _accuracy_of_counts(counts):
              'over at least one minibatch')
     return counts[0] / counts[1]
 
-LENET_SHAPES = [  # weights are (outputs, inputs[, height, width]); biases follow
+# Weights are (outputs, inputs[, height, width]); biases follow them.
+LENET_SHAPES = [
     (6, 1, 5, 5), (6,),      # convolution: 1 -> 6 channels, 5 x 5 kernels
     (16, 6, 5, 5), (16,),    # convolution: 6 -> 16 channels, 5 x 5 kernels
     (120, 400), (120,),      # dense: 16 x 5 x 5 = 400 inputs -> 120 units
@@ -445,23 +447,24 @@ LENET_SHAPES = [  # weights are (outputs, inputs[, height, width]); biases follo
     (10, 84), (10,)]         # dense: 84 -> 10 class scores
 
 def lenet_init_arrays(seed=0):
-    """LeNet's initial values as NumPy arrays: He-scaled normal weights, zero biases.
+    """LeNet's initial NumPy arrays: He-scaled normal weights, zero biases.
 
     Defined in :numref:`sec_multi_gpu`"""
     _check_seed(seed)
     rng = numpy.random.default_rng(seed)
     return [numpy.zeros(shape, numpy.float32) if len(shape) == 1 else
-            (rng.standard_normal(shape) * numpy.sqrt(2 / numpy.prod(shape[1:])))
+            (rng.standard_normal(shape)
+             * numpy.sqrt(2 / numpy.prod(shape[1:])))
             .astype(numpy.float32) for shape in LENET_SHAPES]
 
 def lenet_params(seed=0):
-    """LeNet's initial parameters as a list of CPU tensors (same values in every framework).
+    """LeNet's initial parameters as CPU tensors, equal in every framework.
 
     Defined in :numref:`sec_multi_gpu`"""
     return [_tensor(a) for a in lenet_init_arrays(seed)]
 
 def lenet(X, params):
-    """LeNet-style convnet on raw parameters: two conv/pool stages, three dense layers.
+    """LeNet on raw parameters: two conv/pool stages, three dense layers.
 
     Defined in :numref:`sec_multi_gpu`"""
     _check_lenet_args(X, params)
@@ -477,7 +480,7 @@ def lenet(X, params):
     return np.dot(H, W5.T) + b5
 
 def cross_entropy_sum(y_hat, y):
-    """Cross-entropy of class scores `y_hat` against integer labels, summed over examples.
+    """Cross-entropy of scores `y_hat` against integer labels, summed.
 
     Defined in :numref:`sec_multi_gpu`"""
     _check_scores_and_labels(y_hat, y)
@@ -494,7 +497,7 @@ def get_params(params, device):
     return copies
 
 def allreduce(data, devices=None):
-    """Sum same-shaped arrays held on different devices, writing the sum into each.
+    """Sum same-shaped arrays on different devices, writing the sum to each.
 
     Defined in :numref:`sec_multi_gpu`"""
     devices = _reduce_devices(data, devices)
@@ -508,16 +511,17 @@ def allreduce(data, devices=None):
                 x[:] = _to(first, device)
 
 def shard_sizes(n, k):
-    """Sizes of `k` nearly equal parts of `n` items; the first `n % k` get one more.
+    """Sizes of `k` nearly equal parts of `n`; the first n % k get one more.
 
     Defined in :numref:`sec_multi_gpu`"""
     for name, value, least in (('n', n, 0), ('k', k, 1)):
         _require(_is_count(value, least),
-                 f'{name} must be an integer of at least {least}; got {value!r}')
+                 f'{name} must be an integer of at least {least}; '
+                 f'got {value!r}')
     return [n // k + (1 if i < n % k else 0) for i in range(k)]
 
 def split_batch(X, y, devices):
-    """Split examples `X` and labels `y` into one shard per device, placed there.
+    """Split examples `X` and labels `y` into one shard on each device.
 
     Defined in :numref:`sec_multi_gpu`"""
     _check_split(X, y, devices)
@@ -529,7 +533,7 @@ def split_batch(X, y, devices):
     return X_shards, y_shards
 
 def train_batch(X, y, device_params, devices, lr, allreduce_fn=allreduce):
-    """One data-parallel SGD step of LeNet: split, backward per device, sum, update.
+    """One data-parallel SGD step: split, backward per device, sum, update.
 
     Defined in :numref:`sec_multi_gpu`"""
     _check_replicas(device_params, devices)
@@ -553,7 +557,7 @@ def train_batch(X, y, device_params, devices, lr, allreduce_fn=allreduce):
     d2l._check_loss(losses, 'this step')  # stop if training diverged
 
 def evaluate_accuracy_replicas(device_params, data_iter, devices):
-    """LeNet's accuracy on `data_iter`, each minibatch split over the replicas' devices.
+    """LeNet's accuracy on `data_iter`, each batch split over the devices.
 
     Defined in :numref:`sec_multi_gpu`"""
     _check_replicas(device_params, devices)
@@ -572,7 +576,7 @@ def evaluate_accuracy_replicas(device_params, data_iter, devices):
     return _accuracy_of_counts(counts)
 
 def ring_allreduce(data, devices=None):
-    """Sum same-shaped arrays on k devices by ring reduce-scatter and all-gather, in place.
+    """Sum arrays on k devices in place: ring reduce-scatter, all-gather.
 
     Defined in :numref:`sec_multi_gpu`"""
     devices = _reduce_devices(data, devices)
@@ -584,7 +588,8 @@ def ring_allreduce(data, devices=None):
         k, sizes = len(data), shard_sizes(flats[0].shape[0], len(data))
         bounds = [sum(sizes[:c]) for c in range(k + 1)]
         # chunks[i][c] is a view of chunk c of the flat array on device i.
-        chunks = [[f[bounds[c]:bounds[c + 1]] for c in range(k)] for f in flats]
+        chunks = [[f[bounds[c]:bounds[c + 1]] for c in range(k)]
+                  for f in flats]
         for step in range(k - 1):  # reduce-scatter: add what arrives
             for i in range(k):
                 c, j = (i - step) % k, (i + 1) % k
@@ -642,7 +647,7 @@ def _check_step(X, y, devices):
     d2l._require(X.shape[0] > 0, 'X is an empty minibatch; pass at least one example')
 
 def resnet18(num_classes, in_channels=1):
-    """ResNet-18 for small images: 3x3 stem, no max-pooling, four stages of two residual blocks.
+    """ResNet-18 for small images: a 3x3 stem and no max-pooling.
 
     Defined in :numref:`sec_multi_gpu_concise`"""
     d2l._check_resnet_args(num_classes, in_channels)
@@ -658,7 +663,7 @@ def resnet18(num_classes, in_channels=1):
     return net
 
 def count_trainable_params(net):
-    """Number of values in `net` that receive gradients (batch-norm statistics excluded).
+    """Number of values in `net` that receive gradients (no BN statistics).
 
     Defined in :numref:`sec_multi_gpu_concise`"""
     if not isinstance(net, gluon.Block):
@@ -668,7 +673,7 @@ def count_trainable_params(net):
                if p.grad_req != 'null')
 
 def _accuracy_on_devices(forward, data_iter, split_f, devices):
-    """Fraction classified correctly when `forward(i, X_i)` scores shard i of each batch.
+    """Fraction classified correctly, `forward(i, X_i)` scoring shard i.
 
     Defined in :numref:`sec_multi_gpu_concise`"""
     counts = d2l.Accumulator(2)  # correct predictions, examples
@@ -685,7 +690,7 @@ def _accuracy_on_devices(forward, data_iter, split_f, devices):
 
 def evaluate_accuracy_gpus(net, data_iter, split_f=d2l.split_batch,
                            devices=None):
-    """Fraction of `data_iter` that `net` classifies correctly, each batch split over the devices.
+    """Accuracy of `net` on `data_iter`, each batch split over the devices.
 
     Defined in :numref:`sec_multi_gpu_concise`"""
     if devices is None:  # every context that holds a copy of the parameters
@@ -695,7 +700,7 @@ def evaluate_accuracy_gpus(net, data_iter, split_f=d2l.split_batch,
         lambda i, X_i: net(X_i), data_iter, split_f, devices)
 
 def train_step_concise(net, X, y, loss, optimizer, devices):
-    """One data-parallel SGD step on minibatch (X, y) over `devices`; returns the summed loss.
+    """One data-parallel SGD step on (X, y) over `devices`; the summed loss.
 
     Defined in :numref:`sec_multi_gpu_concise`"""
     d2l._check_step(X, y, devices)
@@ -708,7 +713,7 @@ def train_step_concise(net, X, y, loss, optimizer, devices):
     return sum(l.sum().as_in_ctx(devices[0]) for l in losses)
 
 def train_epoch_concise(net, train_iter, loss, optimizer, devices):
-    """One pass of data-parallel training over `train_iter`; returns (summed loss, examples).
+    """One data-parallel pass over `train_iter`; (summed loss, examples).
 
     Defined in :numref:`sec_multi_gpu_concise`"""
     d2l._check_devices(devices)
@@ -721,7 +726,7 @@ def train_epoch_concise(net, train_iter, loss, optimizer, devices):
     return total, n
 
 def cosine_lr(lr, epoch, num_epochs):
-    """Learning rate of epoch `epoch` (the first is 0), falling from `lr` along half a cosine.
+    """Learning rate of epoch `epoch` (from 0), `lr` along half a cosine.
 
     Defined in :numref:`sec_multi_gpu_concise`"""
     d2l._require(d2l._is_count(num_epochs, 1) and d2l._is_count(epoch)
@@ -1441,7 +1446,7 @@ def _ddp_epoch(net, optimizer, train_iter, device, world_size, epoch):
     return loss_sum / n
 
 def warmup_cosine_lr(lr, epoch, num_epochs, warmup=0, start=0.0):
-    """Rate of `epoch`: from `start` up to `lr` in `warmup` epochs, then down.
+    """Rate of `epoch`: from `start` to `lr` in `warmup` epochs, then down.
 
     Defined in :numref:`sec_ddp_resnet`"""
     d2l._check_count(warmup, 'warmup')
@@ -1557,7 +1562,7 @@ def time_steps(net, optimizer, X, y, num_steps, warmup, device):
     return (time.perf_counter() - began) / num_steps
 
 def _timing_model(model_fn, device):
-    """The model to time (ResNet-18 by default) on `device`, and its optimizer.
+    """The model to time (ResNet-18 by default) on `device`, its optimizer.
 
     Defined in :numref:`sec_ddp_resnet`"""
     mx.random.seed(0)
@@ -1569,7 +1574,7 @@ def _timing_model(model_fn, device):
 
 def time_ddp(world_size, global_batch, num_steps, warmup=1, model_fn=None,
              threads=1):
-    """Seconds per step of `world_size` processes sharing `global_batch` images.
+    """Seconds per step of `world_size` processes sharing `global_batch`.
 
     Defined in :numref:`sec_ddp_resnet`"""
     d2l._check_positive_int(global_batch, 'global_batch')
@@ -1585,7 +1590,7 @@ def time_ddp(world_size, global_batch, num_steps, warmup=1, model_fn=None,
 
 def _time_ddp_worker(rank, world_size, init_method, global_batch, num_steps,
                      warmup, model_fn, threads):
-    """One process of time_ddp: time its shard; return the slowest rank's time.
+    """One process of time_ddp: time its shard; the slowest rank's time.
 
     Defined in :numref:`sec_ddp_resnet`"""
     with process_group(rank, world_size, init_method) as device:
@@ -1649,7 +1654,7 @@ def _device(x):
 _concat, _zeros_like = np.concatenate, np.zeros_like
 
 def reduce_scatter(data):
-    """Sum same-shaped tensors on k devices; device i receives shard i of the flat sum.
+    """Sum same-shaped tensors on k devices; device i gets shard i of it.
 
     Defined in :numref:`sec_sharded_data_parallel`"""
     _check_per_device(data, 'data')
@@ -1662,12 +1667,13 @@ def reduce_scatter(data):
             total = d2l._copy(_flat(x)[lo:hi], device)
             for j, other in enumerate(data):
                 if j != i and hi > lo:  # MXNet cannot add empty arrays
-                    total += d2l._copy(_flat(other)[lo:hi], device)  # shard i of j
+                    # shard i of device j's tensor
+                    total += d2l._copy(_flat(other)[lo:hi], device)
         shards.append(total)
     return shards
 
 def all_gather(shards):
-    """Concatenate the flat shards of k devices into the full flat tensor on every device.
+    """Concatenate the flat shards of k devices, the whole on every device.
 
     Defined in :numref:`sec_sharded_data_parallel`"""
     if len(shards) == 0 or any(len(s.shape) != 1 for s in shards):
@@ -1676,7 +1682,8 @@ def all_gather(shards):
     gathered = []
     for x in shards:
         with _tensors_on(_device(x)):
-            gathered.append(_concat([d2l._copy(s, _device(x)) for s in shards]))
+            gathered.append(
+                _concat([d2l._copy(s, _device(x)) for s in shards]))
     return gathered
 
 def unflatten(flat, shapes):
@@ -1692,7 +1699,7 @@ def unflatten(flat, shapes):
             for lo, hi, shape in zip(bounds, bounds[1:], shapes)]
 
 def lenet_flat_grad(flat, X, y):
-    """Gradient of LeNet's summed loss on (X, y) at the flat parameters `flat`.
+    """Gradient of LeNet's summed loss on (X, y) at flat parameters `flat`.
 
     Defined in :numref:`sec_sharded_data_parallel`"""
     w = flat.copy()
@@ -1741,27 +1748,30 @@ def _check_zero_states(states, devices, stage):
                          f'{needed}; pass the stage given to zero_init')
 
 def zero_init(params, devices, stage):
-    """Each device's flat parameters, gradients and momentum, sharded as ZeRO `stage` says.
+    """Each device's flat parameters, gradients, momentum for ZeRO `stage`.
 
     Defined in :numref:`sec_sharded_data_parallel`"""
     check_stage(stage)
     _check_zero_args(params, devices)
     flat = _concat([_flat(p) for p in params])
-    bounds = [0, *itertools.accumulate(shard_sizes(flat.shape[0], len(devices)))]
+    sizes = shard_sizes(flat.shape[0], len(devices))
+    bounds = [0, *itertools.accumulate(sizes)]
     states = []
     for i, device in enumerate(devices):
         with _tensors_on(device):
             mine = d2l._copy(flat[bounds[i]:bounds[i + 1]], device)
             full = mine if stage == 3 else d2l._copy(flat, device)
-            states.append({'params': full,
-                           'grads': _zeros_like(mine if stage >= 2 else full),
-                           'momentum': _zeros_like(mine if stage >= 1 else full)})
+            states.append({
+                'params': full,
+                'grads': _zeros_like(mine if stage >= 2 else full),
+                'momentum': _zeros_like(mine if stage >= 1 else full)})
     return states
 
 def zero_step(X, y, states, devices, stage, lr, momentum=0.9):
-    """One momentum-SGD step of LeNet on k devices with ZeRO `stage` (0: plain data parallelism).
+    """One momentum-SGD step of LeNet on k devices with ZeRO `stage`.
 
     Defined in :numref:`sec_sharded_data_parallel`"""
+    # stage 0 is plain data parallelism
     check_stage(stage)
     _check_zero_states(states, devices, stage)
     d2l._check_rate(lr, 'lr')
@@ -1816,7 +1826,7 @@ def state_bytes(state):
             for kind, x in state.items()}
 
 def zero_params(states, stage):
-    """The full flat parameters of a ZeRO run as a NumPy array, sharded or not.
+    """A ZeRO run's full flat parameters as a NumPy array, sharded or not.
 
     Defined in :numref:`sec_sharded_data_parallel`"""
     check_stage(stage)
