@@ -984,7 +984,7 @@ def _check_timeout(timeout_s, name='timeout_s'):
                          f'None, got {timeout_s!r}')
 
 def ddp_device(local_rank, local_world_size):
-    """The GPU the launcher gave this process, else GPU `local_rank` if every local process gets one, else the CPU.
+    """The launcher's GPU, else GPU `local_rank` if each gets one, else CPU.
 
     Defined in :numref:`sec_process_groups`"""
     _check_rank(local_rank, local_world_size, 'local_rank')
@@ -1005,7 +1005,7 @@ def ddp_backend(device):
     return 'nccl' if str(device).startswith('gpu') else 'gloo'
 
 def free_port(host='127.0.0.1'):
-    """Ask the operating system for a TCP port on `host` that nothing holds right now.
+    """Ask the operating system for a TCP port on `host` that is free now.
 
     Defined in :numref:`sec_process_groups`"""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
@@ -1015,9 +1015,10 @@ def free_port(host='127.0.0.1'):
 @contextlib.contextmanager
 def process_group(rank, world_size, init_method='env://', timeout_s=None,
                   device=None, local_rank=None, local_world_size=None):
-    """Join the process group that spawn or launch described in the environment; yield this process's device.
+    """Join the group the environment describes; yield this rank's device.
 
     Defined in :numref:`sec_process_groups`"""
+    # spawn and the launcher describe the group in environment variables
     _check_rank(rank, world_size)
     _check_timeout(timeout_s)
     _group_from_env(rank, world_size, init_method)
@@ -1076,263 +1077,8 @@ def _is_loopback(host):
     except (OSError, TypeError, ValueError):  # no such host, or no host
         return False
 
-_rank_report_dir = None  # set in the processes that spawn_ranks starts
-
-def _record_rank_failure(rank):
-    """In a process that spawn_ranks started, write down the exception being handled, if it is the first.
-
-    Defined in :numref:`sec_process_groups`"""
-    if _rank_report_dir is None:
-        return
-    path = os.path.join(_rank_report_dir, f'rank{rank}.error')
-    if not os.path.exists(path):  # the first error is the cause
-        with open(path + '.part', 'w') as f:
-            f.write(f'{time.time()!r}\n{traceback.format_exc()}')
-        os.replace(path + '.part', path)  # readers never see half a file
-
-def _collect_results(out_dir, world_size):
-    """The results that the ranks of spawn_ranks stored, by rank.
-
-    Defined in :numref:`sec_process_groups`"""
-    results = []
-    for rank in range(world_size):
-        with open(os.path.join(out_dir, f'rank{rank}.pkl'), 'rb') as f:
-            results.append(pickle.load(f))
-    return results
-
-def _check_worker(worker, args):
-    """Fail early, in this process, if spawned processes could not import `worker` or unpickle `args`.
-
-    Defined in :numref:`sec_process_groups`"""
-    if not callable(worker):
-        raise TypeError(f'worker must be a function, got {worker!r}')
-    main = sys.modules.get('__main__')
-    if getattr(worker, '__module__', None) == '__main__' and \
-            not hasattr(main, '__file__'):
-        raise ValueError(
-            f'worker {worker.__name__} is defined in this notebook or '
-            f'interpreter session, which new processes cannot import: save it '
-            f'in a module (as the book saves its workers in d2l) and pass that')
-    for name, value in (('worker', worker), ('args', args)):
-        try:
-            pickle.dumps(value)
-        except Exception as err:
-            raise ValueError(
-                f'{name} cannot be sent to new processes ({err}); use a '
-                f'function defined at the top level of a module and '
-                f'arguments that pickle') from None
-
-@contextlib.contextmanager
-def _quiet_logger(name):
-    """Hide the informational and warning records of logger `name` in the body of a `with` block.
-
-    Defined in :numref:`sec_process_groups`"""
-    logger = logging.getLogger(name)
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
-
-def _start_rank(rank, out_dir, parent_pid):
-    """Prepare a process that spawn_ranks started: report to out_dir, log there, die with the parent.
-
-    Defined in :numref:`sec_process_groups`"""
-    global _rank_report_dir
-    _rank_report_dir = out_dir
-    log = os.open(os.path.join(out_dir, f'rank{rank}.log'),
-                  os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-    for stream in (1, 2):  # C++ log lines and dumps bypass sys.stdout/stderr
-        os.dup2(log, stream)
-    os.close(log)
-    if sys.platform.startswith('linux'):
-        import ctypes
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
-    if os.getppid() != parent_pid:  # the parent died before we asked
-        os._exit(1)
-    beat = os.path.join(out_dir, f'rank{rank}.alive')
-    open(beat, 'w').close()
-    threading.Thread(target=_heartbeat, args=(beat,), daemon=True).start()
-
-def _finish_rank(rank, out_dir, result):
-    """Store the result of a worker where spawn_ranks collects it.
-
-    Defined in :numref:`sec_process_groups`"""
-    with open(os.path.join(out_dir, f'rank{rank}.pkl.part'), 'wb') as f:
-        pickle.dump(result, f)
-    os.replace(os.path.join(out_dir, f'rank{rank}.pkl.part'),
-               os.path.join(out_dir, f'rank{rank}.pkl'))
-
-def _rank_failure(out_dir, world_size, exit_codes):
-    """The error to raise for a failed group, given the ranks' exit codes.
-
-    Defined in :numref:`sec_process_groups`"""
-    killed = [rank for rank, code in enumerate(exit_codes)
-              if code is not None and code < 0 and -code != signal.SIGABRT]
-    written = []
-    for rank in range(world_size):
-        path = os.path.join(out_dir, f'rank{rank}.error')
-        if os.path.exists(path):
-            with open(path) as f:
-                when, trace = f.read().split('\n', 1)
-            written.append((float(when), rank, trace))
-    if written and not killed:
-        _, rank, trace = min(written)
-        return RuntimeError(f'rank {rank} of {world_size} failed:\n{trace}')
-    rank = killed[0] if killed else next(
-        r for r, code in enumerate(exit_codes) if code not in (None, 0))
-    code = exit_codes[rank]
-    how = (f'signal {signal.Signals(-code).name}' if code < 0
-           else f'exit code {code}')
-    message = (f'rank {rank} of {world_size} died ({how}) without a Python '
-               f'error')
-    log = os.path.join(out_dir, f'rank{rank}.log')
-    if os.path.exists(log):
-        with open(log, errors='replace') as f:
-            tail = f.read()[-3000:]
-        message += f'.\nThe end of its output:\n{tail}'
-    return RuntimeError(message)
-
-def _stop_processes(processes, grace_s=3.0):
-    """Terminate the processes that still run, kill those that ignore it, and reap them all.
-
-    Defined in :numref:`sec_process_groups`"""
-    for process in processes:
-        if process.is_alive():
-            process.terminate()
-    deadline = time.monotonic() + grace_s
-    for process in processes:
-        process.join(max(0.0, deadline - time.monotonic()))
-        if process.is_alive():
-            process.kill()
-            process.join()
-
-def _join_ranks(context, out_dir, world_size, silence_s, servers=()):
-    """Wait for the processes of spawn_ranks; on a failure, a silent rank, an interrupt or SIGTERM stop them all.
-
-    Defined in :numref:`sec_process_groups`"""
-    def on_sigterm(signum, frame):
-        raise SystemExit(128 + signum)  # unwinds through the clean-up below
-
-    in_main_thread = threading.current_thread() is threading.main_thread()
-    previous = in_main_thread and signal.signal(signal.SIGTERM, on_sigterm)
-    try:
-        codes = _wait_for_ranks(context.processes, out_dir, silence_s,
-                                servers)
-    finally:  # KeyboardInterrupt, SystemExit from SIGTERM, a silent rank
-        _stop_processes([*context.processes, *servers])
-        if in_main_thread:
-            signal.signal(signal.SIGTERM, previous)
-    if codes is not None:
-        raise _rank_failure(out_dir, world_size, codes) from None
-
-def _heartbeat(path):
-    """Touch the file at `path` every second, as a sign of life for spawn_ranks.
-
-    Defined in :numref:`sec_process_groups`"""
-    while True:
-        os.utime(path)
-        time.sleep(1.0)
-
-def _wait_for_ranks(processes, out_dir, silence_s, servers=()):
-    """Wait until all ranks end well (None) or one fails (their exit codes); raise if one falls silent or a server ends.
-
-    Defined in :numref:`sec_process_groups`"""
-    seen, checked = {}, time.monotonic()  # rank: (heartbeat, when it changed)
-    while True:
-        codes = [process.exitcode for process in processes]
-        if all(code == 0 for code in codes):
-            return None
-        for server in servers:  # MXNet's: they end well after the workers
-            if server.exitcode not in (None, 0):
-                raise RuntimeError(
-                    f'a parameter-server process ended (exit code '
-                    f'{server.exitcode}) while the workers still ran')
-        if any(code not in (None, 0) for code in codes):
-            # A peer's death may show a moment after the error it caused.
-            running = [p.sentinel for p in processes if p.exitcode is None]
-            if running:
-                multiprocessing.connection.wait(running, 0.5)
-            return [process.exitcode for process in processes]
-        now = time.monotonic()
-        if now - checked > 5:  # this process was stopped or suspended too
-            seen = {}
-        checked = now
-        for rank, code in enumerate(codes):
-            path = os.path.join(out_dir, f'rank{rank}.alive')
-            if code is not None or not os.path.exists(path):
-                continue  # ended well, or not started yet
-            beat = os.stat(path).st_mtime_ns
-            if seen.get(rank, (None,))[0] != beat:
-                seen[rank] = (beat, now)
-            elif silence_s and now - seen[rank][1] > silence_s:
-                raise RuntimeError(
-                    f'rank {rank} of {len(processes)} showed no sign of life '
-                    f'for {silence_s:g} s (stopped, or hung holding Python\'s '
-                    f'lock), so all ranks were stopped; if it needs longer, '
-                    f'pass a larger silence_s to spawn_ranks')
-        multiprocessing.connection.wait(
-            [p.sentinel for p in [*processes, *servers]], 0.2)
-
-def _group_from_env(rank, world_size, init_method):
-    """Check a rank and world size against the group that spawn or launch described in the environment.
-
-    Defined in :numref:`sec_process_groups`"""
-    if 'PADDLE_TRAINER_ID' not in os.environ:
-        raise RuntimeError(
-            'no process group is described in the environment: run this code '
-            'in a process started by d2l.spawn_ranks, paddle.distributed.spawn '
-            'or python -m paddle.distributed.launch')
-    given = (_int_from_env('PADDLE_TRAINER_ID', 0),
-             _int_from_env('PADDLE_TRAINERS_NUM', 1))
-    if (rank, world_size) != given:
-        raise ValueError(f'rank {rank} of world_size {world_size} does not '
-                         f'match the environment, which says rank {given[0]} '
-                         f'of {given[1]}')
-    if init_method != 'env://':
-        raise ValueError(f"init_method must be 'env://' in PaddlePaddle, which "
-                         f'reads the rendezvous from the environment; got '
-                         f'{init_method!r}')
-    hosts = os.environ.get('PADDLE_TRAINER_ENDPOINTS', '').split(',')
-    if all(_is_loopback(host.rsplit(':', 1)[0]) for host in hosts):
-        os.environ['GLOO_SOCKET_IFNAME'] = _loopback_interface()
-
-def _set_group_timeout(timeout_s, device):
-    """Give an NCCL group `timeout_s` or a launcher's --timeout; refuse one for Gloo, which has none.
-
-    Defined in :numref:`sec_process_groups`"""
-    if timeout_s is None and ddp_backend(device) == 'nccl':
-        timeout_s = _launcher_timeout_s
-    if timeout_s is not None:
-        if ddp_backend(device) != 'nccl':
-            raise ValueError("timeout_s must be None on the CPU: PaddlePaddle's "
-                             'Gloo group has no timeout')
-        os.environ['PADDLE_PG_TIMEOUT'] = str(int(timeout_s * 1000))
-
-@contextlib.contextmanager
-def _quiet_paddle_children():
-    """Keep PaddlePaddle's start-up notices and informational C++ logs out of the parent's output.
-
-    Defined in :numref:`sec_process_groups`"""
-    quiet = {'GLOG_minloglevel': '2',  # read when a child imports paddle
-             'PYTHONWARNINGS': 'ignore::UserWarning'}
-    saved = {name: os.environ.get(name) for name in quiet}
-    os.environ.update(quiet)
-    try:
-        with warnings.catch_warnings():
-            # spawn says once per call that a CPU build trains on the CPU.
-            warnings.filterwarnings('ignore', message='.*CPUONLY')
-            yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-
 def spawn_ranks(worker, world_size, *args, silence_s=60.0, backend=None):
-    """Run worker(rank, world_size, *args) in `world_size` new processes; return their results by rank.
+    """Run worker(rank, world_size, *args) in new processes; their results.
 
     Defined in :numref:`sec_process_groups`"""
     _check_rank(0, world_size)
@@ -1341,7 +1087,8 @@ def spawn_ranks(worker, world_size, *args, silence_s=60.0, backend=None):
     if backend is None:
         backend = ddp_backend(ddp_device(0, world_size))
     if backend not in ('gloo', 'nccl'):
-        raise ValueError(f"backend must be 'gloo', 'nccl' or None, got {backend!r}")
+        raise ValueError(f"backend must be 'gloo', 'nccl' or None, "
+                         f"got {backend!r}")
     with tempfile.TemporaryDirectory(prefix='d2l-ranks-') as out_dir, \
             _quiet_paddle_children(), _quiet_logger('root'):
         context = dist.spawn(_run_rank, args=(worker, args, out_dir,
@@ -1351,7 +1098,7 @@ def spawn_ranks(worker, world_size, *args, silence_s=60.0, backend=None):
         return _collect_results(out_dir, world_size)
 
 def _run_rank(worker, args, out_dir, parent_pid):
-    """Body of one process of spawn_ranks: run the worker, store its result or its error.
+    """Body of a process of spawn_ranks: run the worker, store its outcome.
 
     Defined in :numref:`sec_process_groups`"""
     rank = _int_from_env('PADDLE_TRAINER_ID', 0)  # set by spawn
@@ -1364,7 +1111,7 @@ def _run_rank(worker, args, out_dir, parent_pid):
     _finish_rank(rank, out_dir, result)
 
 def _all_reduce_demo(rank, world_size, init_method):
-    """Join a group and sum rank + 1 over all ranks; return what this rank saw.
+    """Join a group, sum rank + 1 over all ranks; return what this rank saw.
 
     Defined in :numref:`sec_process_groups`"""
     with process_group(rank, world_size, init_method) as device:
@@ -1375,7 +1122,7 @@ def _all_reduce_demo(rank, world_size, init_method):
                 'backend': ddp_backend(device), 'sum': x.item()}
 
 def launcher_ranks():
-    """(rank, world size, local rank, local world size) as set by paddle.distributed.launch.
+    """(rank, world size, local rank, local world size) from the launcher.
 
     Defined in :numref:`sec_process_groups`"""
     names = ('PADDLE_TRAINER_ID', 'PADDLE_TRAINERS_NUM')
@@ -1396,9 +1143,10 @@ def launcher_ranks():
 
 @contextlib.contextmanager
 def launcher_deadline(rank, world_size, timeout_s):
-    """Say what this rank waits for; give the body's groups `timeout_s`; end the process if none forms in time.
+    """Give the body's groups `timeout_s`; end the process if none forms.
 
     Defined in :numref:`sec_process_groups`"""
+    # it also says what this rank waits for
     global _launcher_timeout_s
     _check_rank(rank, world_size)
     _check_timeout(timeout_s)
@@ -1450,14 +1198,16 @@ def _rendezvous_address():
         'PADDLE_TRAINER_ENDPOINTS', '(unset)').split(',')[0])
 
 def ddp_script_path(framework=None):
-    """Path of the book's launcher script for `framework` ('torch' or 'paddle'; default: this module's).
+    """Path of the book's launcher script for 'torch' or 'paddle'.
 
     Defined in :numref:`sec_process_groups`"""
+    # framework=None: the script of this module's framework
     names = {'torch': 'ddp_train.py', 'paddle': 'ddp_train_paddle.py'}
     if framework is None:
         framework = __name__.rsplit('.', 1)[-1]  # d2l.torch or d2l.paddle
     if framework not in names:
-        raise ValueError(f"framework must be 'torch' or 'paddle', got {framework!r}")
+        raise ValueError(f"framework must be 'torch' or 'paddle', "
+                         f"got {framework!r}")
     name = names[framework]
     # Next to d2l/ in the repository, or beside a downloaded notebook.
     book_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -2848,7 +2598,7 @@ def _is_int(value):
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 def _check_count(value, name, least=0):
-    """Reject `value` unless it is an integer of at least `least`, naming it.
+    """Reject `value` unless it is an integer of at least `least`; name it.
 
     Defined in :numref:`sec_d2l_package`"""
     if not _is_int(value) or value < least:
@@ -2901,7 +2651,7 @@ def _device_name(device):
     return 'cpu', False
 
 def _device_names(devices, num_asked):
-    """(name, is_gpu) for each of `devices`, or an error that says what is wrong.
+    """(name, is_gpu) for each of `devices`, or an error saying what fails.
 
     Defined in :numref:`sec_d2l_package`"""
     if isinstance(devices, (str, bytes)) or not hasattr(devices, '__len__') \
@@ -2954,9 +2704,10 @@ def _minibatches(data_iter):
                         f'got {type(data_iter).__name__}') from None
 
 def _fraction_correct(counts, data_iter):
-    """correct / examples of an Accumulator filled from `data_iter`, or a ValueError.
+    """correct / examples of an Accumulator filled from `data_iter`.
 
     Defined in :numref:`sec_d2l_package`"""
+    # a ValueError if `data_iter` held no examples
     if counts[1] == 0:
         raise ValueError('data_iter yielded no examples: pass an iterator '
                          'over at least one (X, y) minibatch, such as the '
@@ -2964,7 +2715,7 @@ def _fraction_correct(counts, data_iter):
     return counts[0] / counts[1]
 
 def _check_sgd(params, lr, batch_size):
-    """Reject arguments of `sgd` that would corrupt the parameters, saying why.
+    """Reject arguments of `sgd` that would corrupt the parameters; say why.
 
     Defined in :numref:`sec_d2l_package`"""
     _check_rate(lr, 'lr')
@@ -2982,7 +2733,7 @@ def _check_sgd(params, lr, batch_size):
     return params
 
 def _check_loss(losses, where):
-    """The sum of `losses` as a float; FloatingPointError naming `where` if not finite.
+    """The sum of `losses` as a float; an error naming `where` if infinite.
 
     Defined in :numref:`sec_d2l_package`"""
     values = losses if isinstance(losses, (list, tuple)) else [losses]
@@ -3009,7 +2760,7 @@ def _points(x, y, curves):
     return xs, ys
 
 def _check_loader_args(batch_size, resize):
-    """The batch size and (height, width) as ints, or an error saying why not.
+    """The batch size and (height, width) as ints, or an error saying why.
 
     Defined in :numref:`sec_d2l_package`"""
     _check_positive_int(batch_size, 'batch_size')
@@ -3051,7 +2802,8 @@ def add_to_class(Class):
 if 'FLAGS_paddle_num_threads' not in os.environ:
     paddle.base.core.set_num_threads(os.cpu_count() or 1)
 
-FASHION_MNIST_SHA256 = {  # of the unpacked IDX bytes, so any gzip wrapping verifies
+# Of the unpacked IDX bytes, so that any gzip wrapping verifies.
+FASHION_MNIST_SHA256 = {
     'train-images-idx3-ubyte':
     'c59f468a2f672dc815687fe0f83887768d799fd8a3f3276145d20f83aa44d888',
     'train-labels-idx1-ubyte':
@@ -3061,7 +2813,8 @@ FASHION_MNIST_SHA256 = {  # of the unpacked IDX bytes, so any gzip wrapping veri
     't10k-labels-idx1-ubyte':
     '0402a96d92fd2663957122ceb108a494c5af83dab82d92729df917d7dec38c34'}
 
-FASHION_MNIST_MIRROR = 'http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/'
+FASHION_MNIST_MIRROR = ('http://fashion-mnist.s3-website.eu-central-1'
+                        '.amazonaws.com/')
 
 FASHION_MNIST_SYSTEM_DIR = '/usr/share/datasets/fashion-mnist'
 
@@ -3071,7 +2824,7 @@ class DatasetError(RuntimeError):
     Defined in :numref:`sec_d2l_package`"""
 
 def fashion_mnist_dirs():
-    """Folders searched for Fashion-MNIST, in order, and the one downloads go to.
+    """Folders searched for Fashion-MNIST, in order, and the download one.
 
     Defined in :numref:`sec_d2l_package`"""
     env_dir = os.environ.get('D2L_DATA_DIR', '').strip()
@@ -3087,7 +2840,7 @@ def fashion_mnist_dirs():
 _SAID = set()
 
 def _say_once(message, everywhere=False):
-    """Print `message` once per process: on rank 0 only, or on stderr `everywhere`.
+    """Print `message` once per process: on rank 0, or stderr `everywhere`.
 
     Defined in :numref:`sec_d2l_package`"""
     # Launchers give every process of a job its rank; a report from each of
@@ -3101,7 +2854,7 @@ def _say_once(message, everywhere=False):
             print(message)
 
 def _unpack_and_check(path, name, raw):
-    """Unpack `raw` bytes read from `path` and verify them against the known hash.
+    """Unpack `raw` bytes read from `path`, verify them against the hash.
 
     Defined in :numref:`sec_d2l_package`"""
     expected = FASHION_MNIST_SHA256[name]
@@ -3120,7 +2873,7 @@ def _unpack_and_check(path, name, raw):
     return data
 
 def _find_idx_file(name, search):
-    """Path of the first copy of `name` (packed or not) in `search`, or None.
+    """Path of the first copy of `name` (packed or not) in `search`; None.
 
     Defined in :numref:`sec_d2l_package`"""
     for folder in search:
@@ -3132,8 +2885,32 @@ def _find_idx_file(name, search):
 
 DOWNLOAD_WAIT_S = 600  # how long to wait for another process's download
 
+def _lock_or_wait(file, path):
+    """Lock the open `file` at `path`; wait at most DOWNLOAD_WAIT_S for it.
+
+    Defined in :numref:`sec_d2l_package`"""
+    import fcntl
+    deadline = time.monotonic() + DOWNLOAD_WAIT_S
+    while True:
+        try:
+            fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            pass
+        if time.monotonic() > deadline:
+            file.close()
+            raise DatasetError(
+                f'another process has held {path} for '
+                f'{DOWNLOAD_WAIT_S} s without finishing its download; '
+                f'stop it, or set D2L_DATA_DIR to a folder that holds '
+                f'the four Fashion-MNIST files')
+        _say_once(f'Waiting for another process to download into '
+                  f'{os.path.dirname(path)} (at most '
+                  f'{DOWNLOAD_WAIT_S} s)', everywhere=True)
+        time.sleep(0.2)
+
 class _FileLock:
-    """Hold an exclusive lock on `path`; wait at most DOWNLOAD_WAIT_S for it."""
+    """Hold an exclusive lock on `path`; wait at most DOWNLOAD_WAIT_S."""
     def __init__(self, path):
         """Defined in :numref:`sec_d2l_package`"""
         self.path = path
@@ -3141,27 +2918,11 @@ class _FileLock:
     def __enter__(self):
         self.file = open(self.path, 'a')
         try:
-            import fcntl
-        except ImportError:  # Windows: no lock, but atomic renames keep files whole
+            import fcntl  # noqa: F401 (whether this system has locks)
+        except ImportError:  # Windows: no lock, but renames keep files whole
             return self
-        deadline = time.monotonic() + DOWNLOAD_WAIT_S
-        while True:
-            try:
-                fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return self
-            except BlockingIOError:
-                pass
-            if time.monotonic() > deadline:
-                self.file.close()
-                raise DatasetError(
-                    f'another process has held {self.path} for '
-                    f'{DOWNLOAD_WAIT_S} s without finishing its download; '
-                    f'stop it, or set D2L_DATA_DIR to a folder that holds '
-                    f'the four Fashion-MNIST files')
-            _say_once(f'Waiting for another process to download into '
-                      f'{os.path.dirname(self.path)} (at most '
-                      f'{DOWNLOAD_WAIT_S} s)', everywhere=True)
-            time.sleep(0.2)
+        _lock_or_wait(self.file, self.path)
+        return self
 
     def __exit__(self, *exc):
         # Removing the file while holding it is safe: a process that wakes up
@@ -3204,7 +2965,7 @@ def _write_atomically(path, raw):
     return path
 
 def _download_fashion_mnist(name, target_dir):
-    """Fetch `name`.gz from the mirror into `target_dir`, verified, written atomically.
+    """Fetch `name`.gz into `target_dir`, verified, written atomically.
 
     Defined in :numref:`sec_d2l_package`"""
     url = os.environ.get('D2L_FASHION_MNIST_MIRROR',
@@ -3263,7 +3024,7 @@ def read_idx_file(name):
                             offset=4 + 4 * ndim).reshape(shape)
 
 def balanced_subset(labels, per_class):
-    """Indices of the first `per_class` examples of each class, in file order.
+    """Indices of the first `per_class` examples of each class (file order).
 
     Defined in :numref:`sec_d2l_package`"""
     _check_positive_int(per_class, 'per_class')
@@ -3272,7 +3033,7 @@ def balanced_subset(labels, per_class):
     return sorted(i for pick in picks for i in pick)
 
 def subset_per_class():
-    """Images per class {'train': n, 'test': m} from D2L_SUBSET, or None for all.
+    """Images per class {'train': n, 'test': m} from D2L_SUBSET; None: all.
 
     Defined in :numref:`sec_d2l_package`"""
     flag = os.environ.get('D2L_SUBSET', '').strip()
@@ -3288,7 +3049,7 @@ def subset_per_class():
 _FASHION_MNIST_CACHE = {}
 
 def fashion_mnist_arrays(split, quick):
-    """Images (float32, N x 1 x 28 x 28, in [0, 1]) and labels (int64) of `split`.
+    """`split`'s images (float32, N x 1 x 28 x 28, in [0, 1]), int64 labels.
 
     Defined in :numref:`sec_d2l_package`"""
     if split not in ('train', 'test'):
@@ -3346,7 +3107,7 @@ class ArrayDataset(paddle.io.Dataset):
         return len(self.arrays[0])
 
 def _collate_resized(batch, size):
-    """Stack (image, label) pairs into a minibatch, resizing images if asked.
+    """Stack (image, label) pairs into a minibatch, resizing if asked.
 
     Defined in :numref:`sec_d2l_package`"""
     X = paddle.to_tensor(np.stack([x for x, _ in batch]))
@@ -3354,3 +3115,259 @@ def _collate_resized(batch, size):
     if size is not None:
         X = F.interpolate(X, size=size, mode='bilinear', align_corners=False)
     return X, y
+
+_rank_report_dir = None  # set in the processes that spawn_ranks starts
+
+def _record_rank_failure(rank):
+    """In a process of spawn_ranks, record the exception handled, if first.
+
+    Defined in :numref:`sec_d2l_package`"""
+    if _rank_report_dir is None:
+        return
+    path = os.path.join(_rank_report_dir, f'rank{rank}.error')
+    if not os.path.exists(path):  # the first error is the cause
+        with open(path + '.part', 'w') as f:
+            f.write(f'{time.time()!r}\n{traceback.format_exc()}')
+        os.replace(path + '.part', path)  # readers never see half a file
+
+def _collect_results(out_dir, world_size):
+    """The results that the ranks of spawn_ranks stored, by rank.
+
+    Defined in :numref:`sec_d2l_package`"""
+    results = []
+    for rank in range(world_size):
+        with open(os.path.join(out_dir, f'rank{rank}.pkl'), 'rb') as f:
+            results.append(pickle.load(f))
+    return results
+
+def _check_worker(worker, args):
+    """Fail early, in this process, if spawned processes could not import `worker` or unpickle `args`.
+
+    Defined in :numref:`sec_d2l_package`"""
+    if not callable(worker):
+        raise TypeError(f'worker must be a function, got {worker!r}')
+    main = sys.modules.get('__main__')
+    if getattr(worker, '__module__', None) == '__main__' and \
+            not hasattr(main, '__file__'):
+        raise ValueError(
+            f'worker {worker.__name__} is defined in this notebook or '
+            f'interpreter session, which new processes cannot import: save it '
+            f'in a module (as the book saves its workers in d2l) and pass that')
+    for name, value in (('worker', worker), ('args', args)):
+        try:
+            pickle.dumps(value)
+        except Exception as err:
+            raise ValueError(
+                f'{name} cannot be sent to new processes ({err}); use a '
+                f'function defined at the top level of a module and '
+                f'arguments that pickle') from None
+
+@contextlib.contextmanager
+def _quiet_logger(name):
+    """Hide the informational and warning records of logger `name` in the body of a `with` block.
+
+    Defined in :numref:`sec_d2l_package`"""
+    logger = logging.getLogger(name)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+def _start_rank(rank, out_dir, parent_pid):
+    """Prepare a spawned process: log to out_dir, die with the parent.
+
+    Defined in :numref:`sec_d2l_package`"""
+    global _rank_report_dir
+    _rank_report_dir = out_dir
+    log = os.open(os.path.join(out_dir, f'rank{rank}.log'),
+                  os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    for stream in (1, 2):  # C++ log lines and dumps bypass sys.stdout/stderr
+        os.dup2(log, stream)
+    os.close(log)
+    if sys.platform.startswith('linux'):
+        import ctypes
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+    if os.getppid() != parent_pid:  # the parent died before we asked
+        os._exit(1)
+    beat = os.path.join(out_dir, f'rank{rank}.alive')
+    open(beat, 'w').close()
+    threading.Thread(target=_heartbeat, args=(beat,), daemon=True).start()
+
+def _finish_rank(rank, out_dir, result):
+    """Store the result of a worker where spawn_ranks collects it.
+
+    Defined in :numref:`sec_d2l_package`"""
+    with open(os.path.join(out_dir, f'rank{rank}.pkl.part'), 'wb') as f:
+        pickle.dump(result, f)
+    os.replace(os.path.join(out_dir, f'rank{rank}.pkl.part'),
+               os.path.join(out_dir, f'rank{rank}.pkl'))
+
+def _rank_failure(out_dir, world_size, exit_codes):
+    """The error to raise for a failed group, given the ranks' exit codes.
+
+    Defined in :numref:`sec_d2l_package`"""
+    killed = [rank for rank, code in enumerate(exit_codes)
+              if code is not None and code < 0 and -code != signal.SIGABRT]
+    written = []
+    for rank in range(world_size):
+        path = os.path.join(out_dir, f'rank{rank}.error')
+        if os.path.exists(path):
+            with open(path) as f:
+                when, trace = f.read().split('\n', 1)
+            written.append((float(when), rank, trace))
+    if written and not killed:
+        _, rank, trace = min(written)
+        return RuntimeError(f'rank {rank} of {world_size} failed:\n{trace}')
+    rank = killed[0] if killed else next(
+        r for r, code in enumerate(exit_codes) if code not in (None, 0))
+    code = exit_codes[rank]
+    how = (f'signal {signal.Signals(-code).name}' if code < 0
+           else f'exit code {code}')
+    message = (f'rank {rank} of {world_size} died ({how}) without a Python '
+               f'error')
+    log = os.path.join(out_dir, f'rank{rank}.log')
+    if os.path.exists(log):
+        with open(log, errors='replace') as f:
+            tail = f.read()[-3000:]
+        message += f'.\nThe end of its output:\n{tail}'
+    return RuntimeError(message)
+
+def _stop_processes(processes, grace_s=3.0):
+    """Terminate running processes, kill those that ignore it, reap all.
+
+    Defined in :numref:`sec_d2l_package`"""
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+    deadline = time.monotonic() + grace_s
+    for process in processes:
+        process.join(max(0.0, deadline - time.monotonic()))
+        if process.is_alive():
+            process.kill()
+            process.join()
+
+def _join_ranks(context, out_dir, world_size, silence_s, servers=()):
+    """Wait for the processes of spawn_ranks; stop them all if one fails.
+
+    Defined in :numref:`sec_d2l_package`"""
+    # or if a rank falls silent, or on an interrupt or SIGTERM
+    def on_sigterm(signum, frame):
+        raise SystemExit(128 + signum)  # unwinds through the clean-up below
+
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = in_main_thread and signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        codes = _wait_for_ranks(context.processes, out_dir, silence_s,
+                                servers)
+    finally:  # KeyboardInterrupt, SystemExit from SIGTERM, a silent rank
+        _stop_processes([*context.processes, *servers])
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, previous)
+    if codes is not None:
+        raise _rank_failure(out_dir, world_size, codes) from None
+
+def _heartbeat(path):
+    """Touch the file at `path` every second, as a sign of life for spawn_ranks.
+
+    Defined in :numref:`sec_d2l_package`"""
+    while True:
+        os.utime(path)
+        time.sleep(1.0)
+
+def _wait_for_ranks(processes, out_dir, silence_s, servers=()):
+    """Wait until all ranks end well (None) or one fails (their exit codes); raise if one falls silent or a server ends.
+
+    Defined in :numref:`sec_d2l_package`"""
+    seen, checked = {}, time.monotonic()  # rank: (heartbeat, when it changed)
+    while True:
+        codes = [process.exitcode for process in processes]
+        if all(code == 0 for code in codes):
+            return None
+        for server in servers:  # MXNet's: they end well after the workers
+            if server.exitcode not in (None, 0):
+                raise RuntimeError(
+                    f'a parameter-server process ended (exit code '
+                    f'{server.exitcode}) while the workers still ran')
+        if any(code not in (None, 0) for code in codes):
+            # A peer's death may show a moment after the error it caused.
+            running = [p.sentinel for p in processes if p.exitcode is None]
+            if running:
+                multiprocessing.connection.wait(running, 0.5)
+            return [process.exitcode for process in processes]
+        now = time.monotonic()
+        if now - checked > 5:  # this process was stopped or suspended too
+            seen = {}
+        checked = now
+        for rank, code in enumerate(codes):
+            path = os.path.join(out_dir, f'rank{rank}.alive')
+            if code is not None or not os.path.exists(path):
+                continue  # ended well, or not started yet
+            beat = os.stat(path).st_mtime_ns
+            if seen.get(rank, (None,))[0] != beat:
+                seen[rank] = (beat, now)
+            elif silence_s and now - seen[rank][1] > silence_s:
+                raise RuntimeError(
+                    f'rank {rank} of {len(processes)} showed no sign of life '
+                    f'for {silence_s:g} s (stopped, or hung holding Python\'s '
+                    f'lock), so all ranks were stopped; if it needs longer, '
+                    f'pass a larger silence_s to spawn_ranks')
+        multiprocessing.connection.wait(
+            [p.sentinel for p in [*processes, *servers]], 0.2)
+
+def _group_from_env(rank, world_size, init_method):
+    """Check a rank and world size against the group that spawn or launch described in the environment.
+
+    Defined in :numref:`sec_d2l_package`"""
+    if 'PADDLE_TRAINER_ID' not in os.environ:
+        raise RuntimeError(
+            'no process group is described in the environment: run this code '
+            'in a process started by d2l.spawn_ranks, paddle.distributed.spawn '
+            'or python -m paddle.distributed.launch')
+    given = (_int_from_env('PADDLE_TRAINER_ID', 0),
+             _int_from_env('PADDLE_TRAINERS_NUM', 1))
+    if (rank, world_size) != given:
+        raise ValueError(f'rank {rank} of world_size {world_size} does not '
+                         f'match the environment, which says rank {given[0]} '
+                         f'of {given[1]}')
+    if init_method != 'env://':
+        raise ValueError(f"init_method must be 'env://' in PaddlePaddle, which "
+                         f'reads the rendezvous from the environment; got '
+                         f'{init_method!r}')
+    hosts = os.environ.get('PADDLE_TRAINER_ENDPOINTS', '').split(',')
+    if all(_is_loopback(host.rsplit(':', 1)[0]) for host in hosts):
+        os.environ['GLOO_SOCKET_IFNAME'] = _loopback_interface()
+
+def _set_group_timeout(timeout_s, device):
+    """Give an NCCL group `timeout_s` or a launcher's --timeout; refuse one for Gloo, which has none.
+
+    Defined in :numref:`sec_d2l_package`"""
+    if timeout_s is None and ddp_backend(device) == 'nccl':
+        timeout_s = _launcher_timeout_s
+    if timeout_s is not None:
+        if ddp_backend(device) != 'nccl':
+            raise ValueError("timeout_s must be None on the CPU: PaddlePaddle's "
+                             'Gloo group has no timeout')
+        os.environ['PADDLE_PG_TIMEOUT'] = str(int(timeout_s * 1000))
+
+@contextlib.contextmanager
+def _quiet_paddle_children():
+    """Keep PaddlePaddle's start-up notices and informational C++ logs out of the parent's output.
+
+    Defined in :numref:`sec_d2l_package`"""
+    quiet = {'GLOG_minloglevel': '2',  # read when a child imports paddle
+             'PYTHONWARNINGS': 'ignore::UserWarning'}
+    saved = {name: os.environ.get(name) for name in quiet}
+    os.environ.update(quiet)
+    try:
+        with warnings.catch_warnings():
+            # spawn says once per call that a CPU build trains on the CPU.
+            warnings.filterwarnings('ignore', message='.*CPUONLY')
+            yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value

@@ -812,7 +812,7 @@ def _check_timeout(timeout_s, name='timeout_s'):
                          f'None, got {timeout_s!r}')
 
 def ddp_device(local_rank, local_world_size):
-    """GPU `local_rank` if every process on this machine gets its own GPU, else the CPU.
+    """GPU `local_rank` if each process here gets its own GPU, else the CPU.
 
     Defined in :numref:`sec_process_groups`"""
     _check_rank(local_rank, local_world_size, 'local_rank')
@@ -829,7 +829,7 @@ def ddp_backend(device):
     return 'gloo'
 
 def free_port(host='127.0.0.1'):
-    """Ask the operating system for a TCP port on `host` that nothing holds right now.
+    """Ask the operating system for a TCP port on `host` that is free now.
 
     Defined in :numref:`sec_process_groups`"""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
@@ -837,7 +837,7 @@ def free_port(host='127.0.0.1'):
         return probe.getsockname()[1]
 
 def local_init_method(host='127.0.0.1'):
-    """A tcp:// rendezvous address at a free port, for processes on this machine.
+    """A tcp:// rendezvous address at a free port, for processes here.
 
     Defined in :numref:`sec_process_groups`"""
     return f'tcp://{host}:{free_port(host)}'
@@ -845,7 +845,7 @@ def local_init_method(host='127.0.0.1'):
 @contextlib.contextmanager
 def process_group(rank, world_size, init_method='env://', timeout_s=None,
                   device=None, local_rank=None, local_world_size=None):
-    """Join a process group for the body of a `with` block; yield this process's device.
+    """Join a process group for a `with` block; yield this process's device.
 
     Defined in :numref:`sec_process_groups`"""
     _check_rank(rank, world_size)
@@ -931,235 +931,8 @@ def _join_group(backend, init_method, rank, world_size, timeout_s):
     dist.init_process_group(backend, store=store, rank=rank,
                             world_size=world_size, timeout=timeout)
 
-_rank_report_dir = None  # set in the processes that spawn_ranks starts
-
-def _record_rank_failure(rank):
-    """In a process that spawn_ranks started, write down the exception being handled, if it is the first.
-
-    Defined in :numref:`sec_process_groups`"""
-    if _rank_report_dir is None:
-        return
-    path = os.path.join(_rank_report_dir, f'rank{rank}.error')
-    if not os.path.exists(path):  # the first error is the cause
-        with open(path + '.part', 'w') as f:
-            f.write(f'{time.time()!r}\n{traceback.format_exc()}')
-        os.replace(path + '.part', path)  # readers never see half a file
-
-def _collect_results(out_dir, world_size):
-    """The results that the ranks of spawn_ranks stored, by rank.
-
-    Defined in :numref:`sec_process_groups`"""
-    results = []
-    for rank in range(world_size):
-        with open(os.path.join(out_dir, f'rank{rank}.pkl'), 'rb') as f:
-            results.append(pickle.load(f))
-    return results
-
-def _check_worker(worker, args):
-    """Fail early, in this process, if spawned processes could not import `worker` or unpickle `args`.
-
-    Defined in :numref:`sec_process_groups`"""
-    if not callable(worker):
-        raise TypeError(f'worker must be a function, got {worker!r}')
-    main = sys.modules.get('__main__')
-    if getattr(worker, '__module__', None) == '__main__' and \
-            not hasattr(main, '__file__'):
-        raise ValueError(
-            f'worker {worker.__name__} is defined in this notebook or '
-            f'interpreter session, which new processes cannot import: save it '
-            f'in a module (as the book saves its workers in d2l) and pass that')
-    for name, value in (('worker', worker), ('args', args)):
-        try:
-            pickle.dumps(value)
-        except Exception as err:
-            raise ValueError(
-                f'{name} cannot be sent to new processes ({err}); use a '
-                f'function defined at the top level of a module and '
-                f'arguments that pickle') from None
-
-@contextlib.contextmanager
-def _quiet_logger(name):
-    """Hide the informational and warning records of logger `name` in the body of a `with` block.
-
-    Defined in :numref:`sec_process_groups`"""
-    logger = logging.getLogger(name)
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
-
-def _start_rank(rank, out_dir, parent_pid):
-    """Prepare a process that spawn_ranks started: report to out_dir, log there, die with the parent.
-
-    Defined in :numref:`sec_process_groups`"""
-    global _rank_report_dir
-    _rank_report_dir = out_dir
-    log = os.open(os.path.join(out_dir, f'rank{rank}.log'),
-                  os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-    for stream in (1, 2):  # C++ log lines and dumps bypass sys.stdout/stderr
-        os.dup2(log, stream)
-    os.close(log)
-    if sys.platform.startswith('linux'):
-        import ctypes
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
-    if os.getppid() != parent_pid:  # the parent died before we asked
-        os._exit(1)
-    beat = os.path.join(out_dir, f'rank{rank}.alive')
-    open(beat, 'w').close()
-    threading.Thread(target=_heartbeat, args=(beat,), daemon=True).start()
-
-def _finish_rank(rank, out_dir, result):
-    """Store the result of a worker where spawn_ranks collects it.
-
-    Defined in :numref:`sec_process_groups`"""
-    with open(os.path.join(out_dir, f'rank{rank}.pkl.part'), 'wb') as f:
-        pickle.dump(result, f)
-    os.replace(os.path.join(out_dir, f'rank{rank}.pkl.part'),
-               os.path.join(out_dir, f'rank{rank}.pkl'))
-
-def _rank_failure(out_dir, world_size, exit_codes):
-    """The error to raise for a failed group, given the ranks' exit codes.
-
-    Defined in :numref:`sec_process_groups`"""
-    killed = [rank for rank, code in enumerate(exit_codes)
-              if code is not None and code < 0 and -code != signal.SIGABRT]
-    written = []
-    for rank in range(world_size):
-        path = os.path.join(out_dir, f'rank{rank}.error')
-        if os.path.exists(path):
-            with open(path) as f:
-                when, trace = f.read().split('\n', 1)
-            written.append((float(when), rank, trace))
-    if written and not killed:
-        _, rank, trace = min(written)
-        return RuntimeError(f'rank {rank} of {world_size} failed:\n{trace}')
-    rank = killed[0] if killed else next(
-        r for r, code in enumerate(exit_codes) if code not in (None, 0))
-    code = exit_codes[rank]
-    how = (f'signal {signal.Signals(-code).name}' if code < 0
-           else f'exit code {code}')
-    message = (f'rank {rank} of {world_size} died ({how}) without a Python '
-               f'error')
-    log = os.path.join(out_dir, f'rank{rank}.log')
-    if os.path.exists(log):
-        with open(log, errors='replace') as f:
-            tail = f.read()[-3000:]
-        message += f'.\nThe end of its output:\n{tail}'
-    return RuntimeError(message)
-
-def _stop_processes(processes, grace_s=3.0):
-    """Terminate the processes that still run, kill those that ignore it, and reap them all.
-
-    Defined in :numref:`sec_process_groups`"""
-    for process in processes:
-        if process.is_alive():
-            process.terminate()
-    deadline = time.monotonic() + grace_s
-    for process in processes:
-        process.join(max(0.0, deadline - time.monotonic()))
-        if process.is_alive():
-            process.kill()
-            process.join()
-
-def _join_ranks(context, out_dir, world_size, silence_s, servers=()):
-    """Wait for the processes of spawn_ranks; on a failure, a silent rank, an interrupt or SIGTERM stop them all.
-
-    Defined in :numref:`sec_process_groups`"""
-    def on_sigterm(signum, frame):
-        raise SystemExit(128 + signum)  # unwinds through the clean-up below
-
-    in_main_thread = threading.current_thread() is threading.main_thread()
-    previous = in_main_thread and signal.signal(signal.SIGTERM, on_sigterm)
-    try:
-        codes = _wait_for_ranks(context.processes, out_dir, silence_s,
-                                servers)
-    finally:  # KeyboardInterrupt, SystemExit from SIGTERM, a silent rank
-        _stop_processes([*context.processes, *servers])
-        if in_main_thread:
-            signal.signal(signal.SIGTERM, previous)
-    if codes is not None:
-        raise _rank_failure(out_dir, world_size, codes) from None
-
-def _heartbeat(path):
-    """Touch the file at `path` every second, as a sign of life for spawn_ranks.
-
-    Defined in :numref:`sec_process_groups`"""
-    while True:
-        os.utime(path)
-        time.sleep(1.0)
-
-def _wait_for_ranks(processes, out_dir, silence_s, servers=()):
-    """Wait until all ranks end well (None) or one fails (their exit codes); raise if one falls silent or a server ends.
-
-    Defined in :numref:`sec_process_groups`"""
-    seen, checked = {}, time.monotonic()  # rank: (heartbeat, when it changed)
-    while True:
-        codes = [process.exitcode for process in processes]
-        if all(code == 0 for code in codes):
-            return None
-        for server in servers:  # MXNet's: they end well after the workers
-            if server.exitcode not in (None, 0):
-                raise RuntimeError(
-                    f'a parameter-server process ended (exit code '
-                    f'{server.exitcode}) while the workers still ran')
-        if any(code not in (None, 0) for code in codes):
-            # A peer's death may show a moment after the error it caused.
-            running = [p.sentinel for p in processes if p.exitcode is None]
-            if running:
-                multiprocessing.connection.wait(running, 0.5)
-            return [process.exitcode for process in processes]
-        now = time.monotonic()
-        if now - checked > 5:  # this process was stopped or suspended too
-            seen = {}
-        checked = now
-        for rank, code in enumerate(codes):
-            path = os.path.join(out_dir, f'rank{rank}.alive')
-            if code is not None or not os.path.exists(path):
-                continue  # ended well, or not started yet
-            beat = os.stat(path).st_mtime_ns
-            if seen.get(rank, (None,))[0] != beat:
-                seen[rank] = (beat, now)
-            elif silence_s and now - seen[rank][1] > silence_s:
-                raise RuntimeError(
-                    f'rank {rank} of {len(processes)} showed no sign of life '
-                    f'for {silence_s:g} s (stopped, or hung holding Python\'s '
-                    f'lock), so all ranks were stopped; if it needs longer, '
-                    f'pass a larger silence_s to spawn_ranks')
-        multiprocessing.connection.wait(
-            [p.sentinel for p in [*processes, *servers]], 0.2)
-
-_ABANDONED = []  # models of failed groups, never freed (see _run_rank)
-
-def _exit_if_abandoned():
-    """End a rank that keeps a model of a failed group without running destructors.
-
-    Defined in :numref:`sec_process_groups`"""
-    if _ABANDONED:  # freeing them can deadlock in ProcessGroupGloo's destructor
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
-
-def _leave_failed_rank():
-    """End a rank whose error is stored without running destructors.
-
-    Defined in :numref:`sec_process_groups`"""
-    sys.stdout.flush()  # tearing down a failed Gloo group can deadlock
-    sys.stderr.flush()
-    os._exit(1)
-
-def _destroy_after_barrier():
-    """Free the process group a moment after a barrier that all ranks passed.
-
-    Defined in :numref:`sec_process_groups`"""
-    # Gloo's thread frees the barrier's work after it completes and needs
-    # the GIL for that; freeing the group before then can deadlock.
-    time.sleep(0.1)
-    dist.destroy_process_group()
-
 def spawn_ranks(worker, world_size, *args, silence_s=60.0):
-    """Run worker(rank, world_size, *args) in `world_size` new processes; return their results by rank.
+    """Run worker(rank, world_size, *args) in new processes; their results.
 
     Defined in :numref:`sec_process_groups`"""
     _check_rank(0, world_size)
@@ -1174,7 +947,7 @@ def spawn_ranks(worker, world_size, *args, silence_s=60.0):
         return _collect_results(out_dir, world_size)
 
 def _run_rank(rank, worker, world_size, args, out_dir, parent_pid):
-    """Body of one process of spawn_ranks: run the worker, store its result or its error.
+    """Body of a process of spawn_ranks: run the worker, store its outcome.
 
     Defined in :numref:`sec_process_groups`"""
     _start_rank(rank, out_dir, parent_pid)
@@ -1187,7 +960,7 @@ def _run_rank(rank, worker, world_size, args, out_dir, parent_pid):
     _exit_if_abandoned()
 
 def _all_reduce_demo(rank, world_size, init_method):
-    """Join a group and sum rank + 1 over all ranks; return what this rank saw.
+    """Join a group, sum rank + 1 over all ranks; return what this rank saw.
 
     Defined in :numref:`sec_process_groups`"""
     with process_group(rank, world_size, init_method) as device:
@@ -1214,9 +987,10 @@ def launcher_ranks():
 
 @contextlib.contextmanager
 def launcher_deadline(rank, world_size, timeout_s):
-    """Say what this rank waits for; give the body's groups `timeout_s`; end the process if none forms in time.
+    """Give the body's groups `timeout_s`; end the process if none forms.
 
     Defined in :numref:`sec_process_groups`"""
+    # it also says what this rank waits for
     global _launcher_timeout_s
     _check_rank(rank, world_size)
     _check_timeout(timeout_s)
@@ -1266,14 +1040,16 @@ def _rendezvous_address():
             f"{os.environ.get('MASTER_PORT', '(MASTER_PORT unset)')}")
 
 def ddp_script_path(framework=None):
-    """Path of the book's launcher script for `framework` ('torch' or 'paddle'; default: this module's).
+    """Path of the book's launcher script for 'torch' or 'paddle'.
 
     Defined in :numref:`sec_process_groups`"""
+    # framework=None: the script of this module's framework
     names = {'torch': 'ddp_train.py', 'paddle': 'ddp_train_paddle.py'}
     if framework is None:
         framework = __name__.rsplit('.', 1)[-1]  # d2l.torch or d2l.paddle
     if framework not in names:
-        raise ValueError(f"framework must be 'torch' or 'paddle', got {framework!r}")
+        raise ValueError(f"framework must be 'torch' or 'paddle', "
+                         f"got {framework!r}")
     name = names[framework]
     # Next to d2l/ in the repository, or beside a downloaded notebook.
     book_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -2745,7 +2521,7 @@ def _is_int(value):
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 def _check_count(value, name, least=0):
-    """Reject `value` unless it is an integer of at least `least`, naming it.
+    """Reject `value` unless it is an integer of at least `least`; name it.
 
     Defined in :numref:`sec_d2l_package`"""
     if not _is_int(value) or value < least:
@@ -2794,7 +2570,7 @@ def _device_name(device):
     return str(device), device.type == 'cuda'
 
 def _device_names(devices, num_asked):
-    """(name, is_gpu) for each of `devices`, or an error that says what is wrong.
+    """(name, is_gpu) for each of `devices`, or an error saying what fails.
 
     Defined in :numref:`sec_d2l_package`"""
     if isinstance(devices, (str, bytes)) or not hasattr(devices, '__len__') \
@@ -2847,9 +2623,10 @@ def _minibatches(data_iter):
                         f'got {type(data_iter).__name__}') from None
 
 def _fraction_correct(counts, data_iter):
-    """correct / examples of an Accumulator filled from `data_iter`, or a ValueError.
+    """correct / examples of an Accumulator filled from `data_iter`.
 
     Defined in :numref:`sec_d2l_package`"""
+    # a ValueError if `data_iter` held no examples
     if counts[1] == 0:
         raise ValueError('data_iter yielded no examples: pass an iterator '
                          'over at least one (X, y) minibatch, such as the '
@@ -2857,7 +2634,7 @@ def _fraction_correct(counts, data_iter):
     return counts[0] / counts[1]
 
 def _check_sgd(params, lr, batch_size):
-    """Reject arguments of `sgd` that would corrupt the parameters, saying why.
+    """Reject arguments of `sgd` that would corrupt the parameters; say why.
 
     Defined in :numref:`sec_d2l_package`"""
     _check_rate(lr, 'lr')
@@ -2875,7 +2652,7 @@ def _check_sgd(params, lr, batch_size):
     return params
 
 def _check_loss(losses, where):
-    """The sum of `losses` as a float; FloatingPointError naming `where` if not finite.
+    """The sum of `losses` as a float; an error naming `where` if infinite.
 
     Defined in :numref:`sec_d2l_package`"""
     values = losses if isinstance(losses, (list, tuple)) else [losses]
@@ -2902,7 +2679,7 @@ def _points(x, y, curves):
     return xs, ys
 
 def _check_loader_args(batch_size, resize):
-    """The batch size and (height, width) as ints, or an error saying why not.
+    """The batch size and (height, width) as ints, or an error saying why.
 
     Defined in :numref:`sec_d2l_package`"""
     _check_positive_int(batch_size, 'batch_size')
@@ -2941,7 +2718,8 @@ def add_to_class(Class):
         setattr(Class, method.__name__, method)
     return attach
 
-FASHION_MNIST_SHA256 = {  # of the unpacked IDX bytes, so any gzip wrapping verifies
+# Of the unpacked IDX bytes, so that any gzip wrapping verifies.
+FASHION_MNIST_SHA256 = {
     'train-images-idx3-ubyte':
     'c59f468a2f672dc815687fe0f83887768d799fd8a3f3276145d20f83aa44d888',
     'train-labels-idx1-ubyte':
@@ -2951,7 +2729,8 @@ FASHION_MNIST_SHA256 = {  # of the unpacked IDX bytes, so any gzip wrapping veri
     't10k-labels-idx1-ubyte':
     '0402a96d92fd2663957122ceb108a494c5af83dab82d92729df917d7dec38c34'}
 
-FASHION_MNIST_MIRROR = 'http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/'
+FASHION_MNIST_MIRROR = ('http://fashion-mnist.s3-website.eu-central-1'
+                        '.amazonaws.com/')
 
 FASHION_MNIST_SYSTEM_DIR = '/usr/share/datasets/fashion-mnist'
 
@@ -2961,7 +2740,7 @@ class DatasetError(RuntimeError):
     Defined in :numref:`sec_d2l_package`"""
 
 def fashion_mnist_dirs():
-    """Folders searched for Fashion-MNIST, in order, and the one downloads go to.
+    """Folders searched for Fashion-MNIST, in order, and the download one.
 
     Defined in :numref:`sec_d2l_package`"""
     env_dir = os.environ.get('D2L_DATA_DIR', '').strip()
@@ -2977,7 +2756,7 @@ def fashion_mnist_dirs():
 _SAID = set()
 
 def _say_once(message, everywhere=False):
-    """Print `message` once per process: on rank 0 only, or on stderr `everywhere`.
+    """Print `message` once per process: on rank 0, or stderr `everywhere`.
 
     Defined in :numref:`sec_d2l_package`"""
     # Launchers give every process of a job its rank; a report from each of
@@ -2991,7 +2770,7 @@ def _say_once(message, everywhere=False):
             print(message)
 
 def _unpack_and_check(path, name, raw):
-    """Unpack `raw` bytes read from `path` and verify them against the known hash.
+    """Unpack `raw` bytes read from `path`, verify them against the hash.
 
     Defined in :numref:`sec_d2l_package`"""
     expected = FASHION_MNIST_SHA256[name]
@@ -3010,7 +2789,7 @@ def _unpack_and_check(path, name, raw):
     return data
 
 def _find_idx_file(name, search):
-    """Path of the first copy of `name` (packed or not) in `search`, or None.
+    """Path of the first copy of `name` (packed or not) in `search`; None.
 
     Defined in :numref:`sec_d2l_package`"""
     for folder in search:
@@ -3022,8 +2801,32 @@ def _find_idx_file(name, search):
 
 DOWNLOAD_WAIT_S = 600  # how long to wait for another process's download
 
+def _lock_or_wait(file, path):
+    """Lock the open `file` at `path`; wait at most DOWNLOAD_WAIT_S for it.
+
+    Defined in :numref:`sec_d2l_package`"""
+    import fcntl
+    deadline = time.monotonic() + DOWNLOAD_WAIT_S
+    while True:
+        try:
+            fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            pass
+        if time.monotonic() > deadline:
+            file.close()
+            raise DatasetError(
+                f'another process has held {path} for '
+                f'{DOWNLOAD_WAIT_S} s without finishing its download; '
+                f'stop it, or set D2L_DATA_DIR to a folder that holds '
+                f'the four Fashion-MNIST files')
+        _say_once(f'Waiting for another process to download into '
+                  f'{os.path.dirname(path)} (at most '
+                  f'{DOWNLOAD_WAIT_S} s)', everywhere=True)
+        time.sleep(0.2)
+
 class _FileLock:
-    """Hold an exclusive lock on `path`; wait at most DOWNLOAD_WAIT_S for it."""
+    """Hold an exclusive lock on `path`; wait at most DOWNLOAD_WAIT_S."""
     def __init__(self, path):
         """Defined in :numref:`sec_d2l_package`"""
         self.path = path
@@ -3031,27 +2834,11 @@ class _FileLock:
     def __enter__(self):
         self.file = open(self.path, 'a')
         try:
-            import fcntl
-        except ImportError:  # Windows: no lock, but atomic renames keep files whole
+            import fcntl  # noqa: F401 (whether this system has locks)
+        except ImportError:  # Windows: no lock, but renames keep files whole
             return self
-        deadline = time.monotonic() + DOWNLOAD_WAIT_S
-        while True:
-            try:
-                fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return self
-            except BlockingIOError:
-                pass
-            if time.monotonic() > deadline:
-                self.file.close()
-                raise DatasetError(
-                    f'another process has held {self.path} for '
-                    f'{DOWNLOAD_WAIT_S} s without finishing its download; '
-                    f'stop it, or set D2L_DATA_DIR to a folder that holds '
-                    f'the four Fashion-MNIST files')
-            _say_once(f'Waiting for another process to download into '
-                      f'{os.path.dirname(self.path)} (at most '
-                      f'{DOWNLOAD_WAIT_S} s)', everywhere=True)
-            time.sleep(0.2)
+        _lock_or_wait(self.file, self.path)
+        return self
 
     def __exit__(self, *exc):
         # Removing the file while holding it is safe: a process that wakes up
@@ -3094,7 +2881,7 @@ def _write_atomically(path, raw):
     return path
 
 def _download_fashion_mnist(name, target_dir):
-    """Fetch `name`.gz from the mirror into `target_dir`, verified, written atomically.
+    """Fetch `name`.gz into `target_dir`, verified, written atomically.
 
     Defined in :numref:`sec_d2l_package`"""
     url = os.environ.get('D2L_FASHION_MNIST_MIRROR',
@@ -3153,7 +2940,7 @@ def read_idx_file(name):
                             offset=4 + 4 * ndim).reshape(shape)
 
 def balanced_subset(labels, per_class):
-    """Indices of the first `per_class` examples of each class, in file order.
+    """Indices of the first `per_class` examples of each class (file order).
 
     Defined in :numref:`sec_d2l_package`"""
     _check_positive_int(per_class, 'per_class')
@@ -3162,7 +2949,7 @@ def balanced_subset(labels, per_class):
     return sorted(i for pick in picks for i in pick)
 
 def subset_per_class():
-    """Images per class {'train': n, 'test': m} from D2L_SUBSET, or None for all.
+    """Images per class {'train': n, 'test': m} from D2L_SUBSET; None: all.
 
     Defined in :numref:`sec_d2l_package`"""
     flag = os.environ.get('D2L_SUBSET', '').strip()
@@ -3178,7 +2965,7 @@ def subset_per_class():
 _FASHION_MNIST_CACHE = {}
 
 def fashion_mnist_arrays(split, quick):
-    """Images (float32, N x 1 x 28 x 28, in [0, 1]) and labels (int64) of `split`.
+    """`split`'s images (float32, N x 1 x 28 x 28, in [0, 1]), int64 labels.
 
     Defined in :numref:`sec_d2l_package`"""
     if split not in ('train', 'test'):
@@ -3218,7 +3005,7 @@ def describe_mode(quick, n_train, n_test):
             f'test images')
 
 def _collate_resized(batch, size):
-    """Stack (image, label) pairs into a minibatch, resizing images if asked.
+    """Stack (image, label) pairs into a minibatch, resizing if asked.
 
     Defined in :numref:`sec_d2l_package`"""
     X = torch.stack([x for x, _ in batch])
@@ -3226,3 +3013,231 @@ def _collate_resized(batch, size):
     if size is not None:
         X = F.interpolate(X, size=size, mode='bilinear', align_corners=False)
     return X, y
+
+_rank_report_dir = None  # set in the processes that spawn_ranks starts
+
+def _record_rank_failure(rank):
+    """In a process of spawn_ranks, record the exception handled, if first.
+
+    Defined in :numref:`sec_d2l_package`"""
+    if _rank_report_dir is None:
+        return
+    path = os.path.join(_rank_report_dir, f'rank{rank}.error')
+    if not os.path.exists(path):  # the first error is the cause
+        with open(path + '.part', 'w') as f:
+            f.write(f'{time.time()!r}\n{traceback.format_exc()}')
+        os.replace(path + '.part', path)  # readers never see half a file
+
+def _collect_results(out_dir, world_size):
+    """The results that the ranks of spawn_ranks stored, by rank.
+
+    Defined in :numref:`sec_d2l_package`"""
+    results = []
+    for rank in range(world_size):
+        with open(os.path.join(out_dir, f'rank{rank}.pkl'), 'rb') as f:
+            results.append(pickle.load(f))
+    return results
+
+def _check_worker(worker, args):
+    """Fail early, in this process, if spawned processes could not import `worker` or unpickle `args`.
+
+    Defined in :numref:`sec_d2l_package`"""
+    if not callable(worker):
+        raise TypeError(f'worker must be a function, got {worker!r}')
+    main = sys.modules.get('__main__')
+    if getattr(worker, '__module__', None) == '__main__' and \
+            not hasattr(main, '__file__'):
+        raise ValueError(
+            f'worker {worker.__name__} is defined in this notebook or '
+            f'interpreter session, which new processes cannot import: save it '
+            f'in a module (as the book saves its workers in d2l) and pass that')
+    for name, value in (('worker', worker), ('args', args)):
+        try:
+            pickle.dumps(value)
+        except Exception as err:
+            raise ValueError(
+                f'{name} cannot be sent to new processes ({err}); use a '
+                f'function defined at the top level of a module and '
+                f'arguments that pickle') from None
+
+@contextlib.contextmanager
+def _quiet_logger(name):
+    """Hide the informational and warning records of logger `name` in the body of a `with` block.
+
+    Defined in :numref:`sec_d2l_package`"""
+    logger = logging.getLogger(name)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+def _start_rank(rank, out_dir, parent_pid):
+    """Prepare a spawned process: log to out_dir, die with the parent.
+
+    Defined in :numref:`sec_d2l_package`"""
+    global _rank_report_dir
+    _rank_report_dir = out_dir
+    log = os.open(os.path.join(out_dir, f'rank{rank}.log'),
+                  os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    for stream in (1, 2):  # C++ log lines and dumps bypass sys.stdout/stderr
+        os.dup2(log, stream)
+    os.close(log)
+    if sys.platform.startswith('linux'):
+        import ctypes
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+    if os.getppid() != parent_pid:  # the parent died before we asked
+        os._exit(1)
+    beat = os.path.join(out_dir, f'rank{rank}.alive')
+    open(beat, 'w').close()
+    threading.Thread(target=_heartbeat, args=(beat,), daemon=True).start()
+
+def _finish_rank(rank, out_dir, result):
+    """Store the result of a worker where spawn_ranks collects it.
+
+    Defined in :numref:`sec_d2l_package`"""
+    with open(os.path.join(out_dir, f'rank{rank}.pkl.part'), 'wb') as f:
+        pickle.dump(result, f)
+    os.replace(os.path.join(out_dir, f'rank{rank}.pkl.part'),
+               os.path.join(out_dir, f'rank{rank}.pkl'))
+
+def _rank_failure(out_dir, world_size, exit_codes):
+    """The error to raise for a failed group, given the ranks' exit codes.
+
+    Defined in :numref:`sec_d2l_package`"""
+    killed = [rank for rank, code in enumerate(exit_codes)
+              if code is not None and code < 0 and -code != signal.SIGABRT]
+    written = []
+    for rank in range(world_size):
+        path = os.path.join(out_dir, f'rank{rank}.error')
+        if os.path.exists(path):
+            with open(path) as f:
+                when, trace = f.read().split('\n', 1)
+            written.append((float(when), rank, trace))
+    if written and not killed:
+        _, rank, trace = min(written)
+        return RuntimeError(f'rank {rank} of {world_size} failed:\n{trace}')
+    rank = killed[0] if killed else next(
+        r for r, code in enumerate(exit_codes) if code not in (None, 0))
+    code = exit_codes[rank]
+    how = (f'signal {signal.Signals(-code).name}' if code < 0
+           else f'exit code {code}')
+    message = (f'rank {rank} of {world_size} died ({how}) without a Python '
+               f'error')
+    log = os.path.join(out_dir, f'rank{rank}.log')
+    if os.path.exists(log):
+        with open(log, errors='replace') as f:
+            tail = f.read()[-3000:]
+        message += f'.\nThe end of its output:\n{tail}'
+    return RuntimeError(message)
+
+def _stop_processes(processes, grace_s=3.0):
+    """Terminate running processes, kill those that ignore it, reap all.
+
+    Defined in :numref:`sec_d2l_package`"""
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+    deadline = time.monotonic() + grace_s
+    for process in processes:
+        process.join(max(0.0, deadline - time.monotonic()))
+        if process.is_alive():
+            process.kill()
+            process.join()
+
+def _join_ranks(context, out_dir, world_size, silence_s, servers=()):
+    """Wait for the processes of spawn_ranks; stop them all if one fails.
+
+    Defined in :numref:`sec_d2l_package`"""
+    # or if a rank falls silent, or on an interrupt or SIGTERM
+    def on_sigterm(signum, frame):
+        raise SystemExit(128 + signum)  # unwinds through the clean-up below
+
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = in_main_thread and signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        codes = _wait_for_ranks(context.processes, out_dir, silence_s,
+                                servers)
+    finally:  # KeyboardInterrupt, SystemExit from SIGTERM, a silent rank
+        _stop_processes([*context.processes, *servers])
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, previous)
+    if codes is not None:
+        raise _rank_failure(out_dir, world_size, codes) from None
+
+def _heartbeat(path):
+    """Touch the file at `path` every second, as a sign of life for spawn_ranks.
+
+    Defined in :numref:`sec_d2l_package`"""
+    while True:
+        os.utime(path)
+        time.sleep(1.0)
+
+def _wait_for_ranks(processes, out_dir, silence_s, servers=()):
+    """Wait until all ranks end well (None) or one fails (their exit codes); raise if one falls silent or a server ends.
+
+    Defined in :numref:`sec_d2l_package`"""
+    seen, checked = {}, time.monotonic()  # rank: (heartbeat, when it changed)
+    while True:
+        codes = [process.exitcode for process in processes]
+        if all(code == 0 for code in codes):
+            return None
+        for server in servers:  # MXNet's: they end well after the workers
+            if server.exitcode not in (None, 0):
+                raise RuntimeError(
+                    f'a parameter-server process ended (exit code '
+                    f'{server.exitcode}) while the workers still ran')
+        if any(code not in (None, 0) for code in codes):
+            # A peer's death may show a moment after the error it caused.
+            running = [p.sentinel for p in processes if p.exitcode is None]
+            if running:
+                multiprocessing.connection.wait(running, 0.5)
+            return [process.exitcode for process in processes]
+        now = time.monotonic()
+        if now - checked > 5:  # this process was stopped or suspended too
+            seen = {}
+        checked = now
+        for rank, code in enumerate(codes):
+            path = os.path.join(out_dir, f'rank{rank}.alive')
+            if code is not None or not os.path.exists(path):
+                continue  # ended well, or not started yet
+            beat = os.stat(path).st_mtime_ns
+            if seen.get(rank, (None,))[0] != beat:
+                seen[rank] = (beat, now)
+            elif silence_s and now - seen[rank][1] > silence_s:
+                raise RuntimeError(
+                    f'rank {rank} of {len(processes)} showed no sign of life '
+                    f'for {silence_s:g} s (stopped, or hung holding Python\'s '
+                    f'lock), so all ranks were stopped; if it needs longer, '
+                    f'pass a larger silence_s to spawn_ranks')
+        multiprocessing.connection.wait(
+            [p.sentinel for p in [*processes, *servers]], 0.2)
+
+_ABANDONED = []  # models of failed groups, never freed (see _run_rank)
+
+def _exit_if_abandoned():
+    """End a rank that keeps a model of a failed group without running destructors.
+
+    Defined in :numref:`sec_d2l_package`"""
+    if _ABANDONED:  # freeing them can deadlock in ProcessGroupGloo's destructor
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+def _leave_failed_rank():
+    """End a rank whose error is stored without running destructors.
+
+    Defined in :numref:`sec_d2l_package`"""
+    sys.stdout.flush()  # tearing down a failed Gloo group can deadlock
+    sys.stderr.flush()
+    os._exit(1)
+
+def _destroy_after_barrier():
+    """Free the process group a moment after a barrier that all ranks passed.
+
+    Defined in :numref:`sec_d2l_package`"""
+    # Gloo's thread frees the barrier's work after it completes and needs
+    # the GIL for that; freeing the group before then can deadlock.
+    time.sleep(0.1)
+    dist.destroy_process_group()
