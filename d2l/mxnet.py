@@ -2056,6 +2056,7 @@ def predict_step_time(t_compute, num_bytes, k, alpha, beta, cores=None,
                for b in ddp_buckets(num_bytes, bucket_cap_mb))
     return t_compute * share + (1 - overlap) * comm / accumulate
 
+import contextlib
 import gzip
 import hashlib
 import http.client

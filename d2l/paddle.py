@@ -2576,6 +2576,7 @@ def _time_configs(configs, global_batch, num_steps, warmup, reps, rank,
     wait = dist.barrier if world_size > 1 else lambda: None
     return _time_runs(runs, X, y, num_steps, warmup, reps, wait)
 
+import contextlib
 import gzip
 import hashlib
 import http.client
