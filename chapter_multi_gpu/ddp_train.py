@@ -1,8 +1,9 @@
-"""Train ResNet-18 on Fashion-MNIST with DistributedDataParallel, one process per device.
+r"""Train ResNet-18 on Fashion-MNIST with DDP, one process per device.
 
 Start it with torchrun from the book's root folder, for example
 
-    torchrun --standalone --nproc_per_node=2 chapter_multi_gpu/ddp_train.py --epochs 10
+    torchrun --standalone --nproc_per_node=2 \
+        chapter_multi_gpu/ddp_train.py --epochs 10
 
 torchrun sets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and
 MASTER_PORT in every process; see the section on processes and process

@@ -1,8 +1,9 @@
-"""Train ResNet-18 on Fashion-MNIST with paddle.DataParallel, one process per device.
+r"""Train ResNet-18 on Fashion-MNIST with paddle.DataParallel, one per device.
 
 Start it with PaddlePaddle's launcher from the book's root folder, for example
 
-    python -m paddle.distributed.launch --nproc_per_node 2 chapter_multi_gpu/ddp_train_paddle.py --epochs 10
+    python -m paddle.distributed.launch --nproc_per_node 2 \
+        chapter_multi_gpu/ddp_train_paddle.py --epochs 10
 
 The launcher sets the PADDLE_* variables that describe the process group in
 every process; see the section on processes and process groups for the

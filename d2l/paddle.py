@@ -35,14 +35,14 @@ def try_gpu(i=0):
     return paddle.CUDAPlace(i) if i < num_gpus() else paddle.CPUPlace()
 
 def try_all_gpus():
-    """Return every GPU, or a one-element list holding the CPU if there are none.
+    """Return every GPU, or a list holding only the CPU if there are none.
 
     Defined in :numref:`sec_helpers`"""
     return [paddle.CUDAPlace(i) for i in range(num_gpus())] or [
         paddle.CPUPlace()]
 
 def try_gpus(num_devices):
-    """Devices for `num_devices` model copies: GPUs only, or the CPU if there is none.
+    """Devices for `num_devices` model copies: GPUs, or the CPU if none.
 
     Defined in :numref:`sec_helpers`"""
     _check_num_devices(num_devices)
@@ -163,7 +163,7 @@ def accuracy(y_hat, y):
     return float((y_hat.astype(y.dtype) == y).astype('int64').sum())
 
 def evaluate_accuracy_gpu(net, data_iter, device=None):
-    """Fraction of examples in `data_iter` that `net` classifies correctly on one device.
+    """Fraction of `data_iter` that `net` classifies correctly, one device.
 
     Defined in :numref:`sec_helpers`"""
     if isinstance(net, nn.Layer):
@@ -179,7 +179,7 @@ def evaluate_accuracy_gpu(net, data_iter, device=None):
     return _fraction_correct(counts, data_iter)
 
 def sgd(params, lr, batch_size):
-    """Minibatch SGD on raw tensors, in place; clears the gradients afterwards.
+    """Minibatch SGD on raw tensors, in place; then clears the gradients.
 
     Defined in :numref:`sec_helpers`"""
     with paddle.no_grad():
@@ -188,7 +188,7 @@ def sgd(params, lr, batch_size):
             param.clear_gradient()
 
 class Animator:
-    """Plot curves that grow one point at a time, updated in place in Jupyter."""
+    """Plot curves that grow one point at a time, redrawn in Jupyter."""
     def __init__(self, xlabel=None, ylabel=None, legend=None, xlim=None,
                  ylim=None, xscale='linear', yscale='linear',
                  fmts=('-', 'm--', 'g-.', 'r:'), nrows=1, ncols=1,
@@ -231,7 +231,7 @@ class Animator:
         self.fig.savefig(path, bbox_inches='tight')
 
     def add(self, x, y):
-        """Append one point to each curve (`y` may be a list, one value per curve).
+        """Append one point to each curve (`y`: a value or one per curve).
     
         Defined in :numref:`sec_helpers`"""
         xs, ys = _points(x, y, self.Y)
@@ -256,7 +256,7 @@ QUICK_PER_CLASS = {'train': 10, 'test': 10}
 QUICK_MAX_EPOCHS = 2
 
 def quick_mode(gpus_found):
-    """Whether to serve the small subset: D2L_QUICK if set, else when there is no GPU.
+    """Whether to serve the small subset: D2L_QUICK if set, else no GPU.
 
     Defined in :numref:`sec_helpers`"""
     flag = os.environ.get('D2L_QUICK', '').strip()
@@ -274,7 +274,7 @@ def train_epochs(num_epochs):
         num_epochs, QUICK_MAX_EPOCHS)
 
 def load_data_fashion_mnist(batch_size, resize=None):
-    """Fashion-MNIST as (train, test) DataLoaders of (images, labels) minibatches.
+    """Fashion-MNIST as (train, test) loaders of (images, labels) batches.
 
     Defined in :numref:`sec_helpers`"""
     batch_size, size = _check_loader_args(batch_size, resize)
@@ -291,7 +291,7 @@ def load_data_fashion_mnist(batch_size, resize=None):
     return tuple(loaders)
 
 class Residual(nn.Layer):
-    """Two 3x3 conv + batch-norm layers with an identity or 1x1-conv shortcut.
+    """Two 3x3 conv + batch-norm layers, identity or 1x1-conv shortcut.
 
     Defined in :numref:`sec_helpers`"""
     def __init__(self, input_channels, num_channels, use_1x1conv=False,
@@ -445,7 +445,8 @@ def _accuracy_of_counts(counts):
              'over at least one minibatch')
     return counts[0] / counts[1]
 
-LENET_SHAPES = [  # weights are (outputs, inputs[, height, width]); biases follow
+# Weights are (outputs, inputs[, height, width]); biases follow them.
+LENET_SHAPES = [
     (6, 1, 5, 5), (6,),      # convolution: 1 -> 6 channels, 5 x 5 kernels
     (16, 6, 5, 5), (16,),    # convolution: 6 -> 16 channels, 5 x 5 kernels
     (120, 400), (120,),      # dense: 16 x 5 x 5 = 400 inputs -> 120 units
@@ -453,23 +454,24 @@ LENET_SHAPES = [  # weights are (outputs, inputs[, height, width]); biases follo
     (10, 84), (10,)]         # dense: 84 -> 10 class scores
 
 def lenet_init_arrays(seed=0):
-    """LeNet's initial values as NumPy arrays: He-scaled normal weights, zero biases.
+    """LeNet's initial NumPy arrays: He-scaled normal weights, zero biases.
 
     Defined in :numref:`sec_multi_gpu`"""
     _check_seed(seed)
     rng = numpy.random.default_rng(seed)
     return [numpy.zeros(shape, numpy.float32) if len(shape) == 1 else
-            (rng.standard_normal(shape) * numpy.sqrt(2 / numpy.prod(shape[1:])))
+            (rng.standard_normal(shape)
+             * numpy.sqrt(2 / numpy.prod(shape[1:])))
             .astype(numpy.float32) for shape in LENET_SHAPES]
 
 def lenet_params(seed=0):
-    """LeNet's initial parameters as a list of CPU tensors (same values in every framework).
+    """LeNet's initial parameters as CPU tensors, equal in every framework.
 
     Defined in :numref:`sec_multi_gpu`"""
     return [_tensor(a) for a in lenet_init_arrays(seed)]
 
 def lenet(X, params):
-    """LeNet-style convnet on raw parameters: two conv/pool stages, three dense layers.
+    """LeNet on raw parameters: two conv/pool stages, three dense layers.
 
     Defined in :numref:`sec_multi_gpu`"""
     _check_lenet_args(X, params)
@@ -482,7 +484,7 @@ def lenet(X, params):
     return H @ W5.T + b5
 
 def cross_entropy_sum(y_hat, y):
-    """Cross-entropy of class scores `y_hat` against integer labels, summed over examples.
+    """Cross-entropy of scores `y_hat` against integer labels, summed.
 
     Defined in :numref:`sec_multi_gpu`"""
     _check_scores_and_labels(y_hat, y)
@@ -499,7 +501,7 @@ def get_params(params, device):
     return copies
 
 def allreduce(data, devices=None):
-    """Sum same-shaped arrays held on different devices, writing the sum into each.
+    """Sum same-shaped arrays on different devices, writing the sum to each.
 
     Defined in :numref:`sec_multi_gpu`"""
     devices = _reduce_devices(data, devices)
@@ -513,16 +515,17 @@ def allreduce(data, devices=None):
                 x[:] = _to(first, device)
 
 def shard_sizes(n, k):
-    """Sizes of `k` nearly equal parts of `n` items; the first `n % k` get one more.
+    """Sizes of `k` nearly equal parts of `n`; the first n % k get one more.
 
     Defined in :numref:`sec_multi_gpu`"""
     for name, value, least in (('n', n, 0), ('k', k, 1)):
         _require(_is_count(value, least),
-                 f'{name} must be an integer of at least {least}; got {value!r}')
+                 f'{name} must be an integer of at least {least}; '
+                 f'got {value!r}')
     return [n // k + (1 if i < n % k else 0) for i in range(k)]
 
 def split_batch(X, y, devices):
-    """Split examples `X` and labels `y` into one shard per device, placed there.
+    """Split examples `X` and labels `y` into one shard on each device.
 
     Defined in :numref:`sec_multi_gpu`"""
     _check_split(X, y, devices)
@@ -534,7 +537,7 @@ def split_batch(X, y, devices):
     return X_shards, y_shards
 
 def train_batch(X, y, device_params, devices, lr, allreduce_fn=allreduce):
-    """One data-parallel SGD step of LeNet: split, backward per device, sum, update.
+    """One data-parallel SGD step: split, backward per device, sum, update.
 
     Defined in :numref:`sec_multi_gpu`"""
     _check_replicas(device_params, devices)
@@ -558,7 +561,7 @@ def train_batch(X, y, device_params, devices, lr, allreduce_fn=allreduce):
     d2l._check_loss(losses, 'this step')  # stop if training diverged
 
 def evaluate_accuracy_replicas(device_params, data_iter, devices):
-    """LeNet's accuracy on `data_iter`, each minibatch split over the replicas' devices.
+    """LeNet's accuracy on `data_iter`, each batch split over the devices.
 
     Defined in :numref:`sec_multi_gpu`"""
     _check_replicas(device_params, devices)
@@ -577,7 +580,7 @@ def evaluate_accuracy_replicas(device_params, data_iter, devices):
     return _accuracy_of_counts(counts)
 
 def ring_allreduce(data, devices=None):
-    """Sum same-shaped arrays on k devices by ring reduce-scatter and all-gather, in place.
+    """Sum arrays on k devices in place: ring reduce-scatter, all-gather.
 
     Defined in :numref:`sec_multi_gpu`"""
     devices = _reduce_devices(data, devices)
@@ -589,7 +592,8 @@ def ring_allreduce(data, devices=None):
         k, sizes = len(data), shard_sizes(flats[0].shape[0], len(data))
         bounds = [sum(sizes[:c]) for c in range(k + 1)]
         # chunks[i][c] is a view of chunk c of the flat array on device i.
-        chunks = [[f[bounds[c]:bounds[c + 1]] for c in range(k)] for f in flats]
+        chunks = [[f[bounds[c]:bounds[c + 1]] for c in range(k)]
+                  for f in flats]
         for step in range(k - 1):  # reduce-scatter: add what arrives
             for i in range(k):
                 c, j = (i - step) % k, (i + 1) % k
@@ -655,7 +659,7 @@ def _check_step(X, y, devices):
     d2l._require(X.shape[0] > 0, 'X is an empty minibatch; pass at least one example')
 
 def init_uniform_fan_in(net):
-    """Draw each conv/linear weight and bias from U(-b, b), b = 1/sqrt(fan_in), as PyTorch does.
+    """Draw conv/linear weights, biases from U(-b, b), b = 1/sqrt(fan_in).
 
     Defined in :numref:`sec_multi_gpu_concise`"""
     for layer in net.sublayers():
@@ -670,7 +674,7 @@ def init_uniform_fan_in(net):
             param.set_value(paddle.uniform(param.shape, min=-bound, max=bound))
 
 def resnet18(num_classes, in_channels=1):
-    """ResNet-18 for small images: 3x3 stem, no max-pooling, four stages of two residual blocks.
+    """ResNet-18 for small images: a 3x3 stem and no max-pooling.
 
     Defined in :numref:`sec_multi_gpu_concise`"""
     d2l._check_resnet_args(num_classes, in_channels)
@@ -689,7 +693,7 @@ def resnet18(num_classes, in_channels=1):
     return net
 
 def count_trainable_params(net):
-    """Number of values in `net` that receive gradients (batch-norm statistics excluded).
+    """Number of values in `net` that receive gradients (no BN statistics).
 
     Defined in :numref:`sec_multi_gpu_concise`"""
     if not isinstance(net, nn.Layer):
@@ -698,7 +702,7 @@ def count_trainable_params(net):
     return sum(p.size for p in net.parameters() if not p.stop_gradient)
 
 def _accuracy_on_devices(forward, data_iter, split_f, devices):
-    """Fraction classified correctly when `forward(i, X_i)` scores shard i of each batch.
+    """Fraction classified correctly, `forward(i, X_i)` scoring shard i.
 
     Defined in :numref:`sec_multi_gpu_concise`"""
     counts = d2l.Accumulator(2)  # correct predictions, examples
@@ -715,7 +719,7 @@ def _accuracy_on_devices(forward, data_iter, split_f, devices):
 
 def evaluate_accuracy_gpus(net, data_iter, split_f=d2l.split_batch,
                            devices=None):
-    """Fraction of `data_iter` that `net` classifies correctly, each batch split over the devices.
+    """Accuracy of `net` on `data_iter`, each batch split over the devices.
 
     Defined in :numref:`sec_multi_gpu_concise`"""
     if devices is None:
@@ -737,13 +741,14 @@ def evaluate_accuracy_gpus(net, data_iter, split_f=d2l.split_batch,
         return d2l._accuracy_on_devices(forward, data_iter, split_f, devices)
 
 def train_step_concise(net, X, y, loss, optimizer, devices):
-    """One SGD step of this process on its minibatch (X, y); returns the summed loss.
+    """One SGD step of this process on its (X, y); returns the summed loss.
 
     Defined in :numref:`sec_multi_gpu_concise`"""
     d2l._check_step(X, y, devices)
-    d2l._require(len(devices) == 1, f'devices names {len(devices)} devices, but '
-                 'a PaddlePaddle process computes on one; pass [its device] and '
-                 'start one process per device, as d2l.train_concise_spawn does')
+    d2l._require(
+        len(devices) == 1, f'devices names {len(devices)} devices, but a '
+        'PaddlePaddle process computes on one; pass [its device] and start '
+        'one process per device, as d2l.train_concise_spawn does')
     X, y = X.to(devices[0]), y.to(devices[0])
     with paddle.device.device_guard(devices[0]):
         l = loss(net(X), y)
@@ -753,7 +758,7 @@ def train_step_concise(net, X, y, loss, optimizer, devices):
     return l.detach() * X.shape[0]
 
 def train_epoch_concise(net, train_iter, loss, optimizer, devices):
-    """One pass of data-parallel training over `train_iter`; returns (summed loss, examples).
+    """One data-parallel pass over `train_iter`; (summed loss, examples).
 
     Defined in :numref:`sec_multi_gpu_concise`"""
     d2l._check_devices(devices)
@@ -766,8 +771,8 @@ def train_epoch_concise(net, train_iter, loss, optimizer, devices):
     d2l._check_examples(n, 'train_iter')
     return total, n
 
-def _train_concise_worker(net_fn, seed, num_epochs, batch_size, lr, folder):
-    """Body of each process of train_concise_spawn; returns its record.
+def _start_concise_rank(folder):
+    """Join the group, output to rank<r>.log; return rank, world, device.
 
     Defined in :numref:`sec_multi_gpu_concise`"""
     rank = int(os.environ.get('PADDLE_TRAINER_ID', '0'))
@@ -780,14 +785,29 @@ def _train_concise_worker(net_fn, seed, num_epochs, batch_size, lr, folder):
     world = dist.get_world_size()
     device = paddle.get_device()  # 'gpu:<rank's GPU>' or 'cpu'
     if device == 'cpu':  # the processes share the cores
-        paddle.base.core.set_num_threads(max(1, (os.cpu_count() or 1) // world))
-    paddle.seed(seed)
-    model = paddle.DataParallel(net_fn())  # copies rank 0's parameters to all
+        threads = max(1, (os.cpu_count() or 1) // world)
+        paddle.base.core.set_num_threads(threads)
+    return rank, world, device
+
+def _shard_loader(batch_size, world):
+    """A sampler giving this process its share, and a loader drawing on it.
+
+    Defined in :numref:`sec_multi_gpu_concise`"""
     train_iter, _ = d2l.load_data_fashion_mnist(batch_size // world)
     sampler = paddle.io.DistributedBatchSampler(
         train_iter.dataset, batch_size // world, shuffle=True)
-    shard_iter = paddle.io.DataLoader(train_iter.dataset, batch_sampler=sampler,
-                                      collate_fn=train_iter.collate_fn)
+    return sampler, paddle.io.DataLoader(
+        train_iter.dataset, batch_sampler=sampler,
+        collate_fn=train_iter.collate_fn)
+
+def _train_concise_worker(net_fn, seed, num_epochs, batch_size, lr, folder):
+    """Body of each process of train_concise_spawn; returns its record.
+
+    Defined in :numref:`sec_multi_gpu_concise`"""
+    rank, world, device = _start_concise_rank(folder)
+    paddle.seed(seed)
+    model = paddle.DataParallel(net_fn())  # copies rank 0's parameters to all
+    sampler, shard_iter = _shard_loader(batch_size, world)
     optimizer = paddle.optimizer.SGD(learning_rate=lr,
                                      parameters=model.parameters())
     loss = nn.CrossEntropyLoss()
@@ -802,7 +822,7 @@ def _train_concise_worker(net_fn, seed, num_epochs, batch_size, lr, folder):
         record['epoch_seconds'].append(timer.stop())
         totals = paddle.to_tensor([loss_sum, float(n)], dtype='float64')
         if world > 1:  # add up every process's loss and example count
-            dist.all_reduce(totals)
+            paddle.distributed.all_reduce(totals)
         record['train_loss'].append(float(totals[0] / totals[1]))
     if rank == 0:
         paddle.save(model._layers.state_dict(),
@@ -859,7 +879,7 @@ def _check_spawn_args(net_fn, devices, batch_size, lr, num_epochs):
     d2l._check_rate(lr, 'lr')
 
 def train_concise_spawn(net_fn, devices, batch_size, lr, num_epochs, seed=0):
-    """Train net_fn() with one process per device under paddle.DataParallel; return (model, record).
+    """Train net_fn() with a process per device; return (model, record).
 
     Defined in :numref:`sec_multi_gpu_concise`"""
     d2l._check_spawn_args(net_fn, devices, batch_size, lr, num_epochs)
@@ -889,7 +909,7 @@ def train_concise_spawn(net_fn, devices, batch_size, lr, num_epochs, seed=0):
     return net, record
 
 def cosine_lr(lr, epoch, num_epochs):
-    """Learning rate of epoch `epoch` (the first is 0), falling from `lr` along half a cosine.
+    """Learning rate of epoch `epoch` (from 0), `lr` along half a cosine.
 
     Defined in :numref:`sec_multi_gpu_concise`"""
     d2l._require(d2l._is_count(num_epochs, 1) and d2l._is_count(epoch)
@@ -964,7 +984,7 @@ def _check_timeout(timeout_s, name='timeout_s'):
                          f'None, got {timeout_s!r}')
 
 def ddp_device(local_rank, local_world_size):
-    """The GPU the launcher gave this process, else GPU `local_rank` if every local process gets one, else the CPU.
+    """The launcher's GPU, else GPU `local_rank` if each gets one, else CPU.
 
     Defined in :numref:`sec_process_groups`"""
     _check_rank(local_rank, local_world_size, 'local_rank')
@@ -985,7 +1005,7 @@ def ddp_backend(device):
     return 'nccl' if str(device).startswith('gpu') else 'gloo'
 
 def free_port(host='127.0.0.1'):
-    """Ask the operating system for a TCP port on `host` that nothing holds right now.
+    """Ask the operating system for a TCP port on `host` that is free now.
 
     Defined in :numref:`sec_process_groups`"""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
@@ -995,9 +1015,10 @@ def free_port(host='127.0.0.1'):
 @contextlib.contextmanager
 def process_group(rank, world_size, init_method='env://', timeout_s=None,
                   device=None, local_rank=None, local_world_size=None):
-    """Join the process group that spawn or launch described in the environment; yield this process's device.
+    """Join the group the environment describes; yield this rank's device.
 
     Defined in :numref:`sec_process_groups`"""
+    # spawn and the launcher describe the group in environment variables
     _check_rank(rank, world_size)
     _check_timeout(timeout_s)
     _group_from_env(rank, world_size, init_method)
@@ -1056,263 +1077,8 @@ def _is_loopback(host):
     except (OSError, TypeError, ValueError):  # no such host, or no host
         return False
 
-_rank_report_dir = None  # set in the processes that spawn_ranks starts
-
-def _record_rank_failure(rank):
-    """In a process that spawn_ranks started, write down the exception being handled, if it is the first.
-
-    Defined in :numref:`sec_process_groups`"""
-    if _rank_report_dir is None:
-        return
-    path = os.path.join(_rank_report_dir, f'rank{rank}.error')
-    if not os.path.exists(path):  # the first error is the cause
-        with open(path + '.part', 'w') as f:
-            f.write(f'{time.time()!r}\n{traceback.format_exc()}')
-        os.replace(path + '.part', path)  # readers never see half a file
-
-def _collect_results(out_dir, world_size):
-    """The results that the ranks of spawn_ranks stored, by rank.
-
-    Defined in :numref:`sec_process_groups`"""
-    results = []
-    for rank in range(world_size):
-        with open(os.path.join(out_dir, f'rank{rank}.pkl'), 'rb') as f:
-            results.append(pickle.load(f))
-    return results
-
-def _check_worker(worker, args):
-    """Fail early, in this process, if spawned processes could not import `worker` or unpickle `args`.
-
-    Defined in :numref:`sec_process_groups`"""
-    if not callable(worker):
-        raise TypeError(f'worker must be a function, got {worker!r}')
-    main = sys.modules.get('__main__')
-    if getattr(worker, '__module__', None) == '__main__' and \
-            not hasattr(main, '__file__'):
-        raise ValueError(
-            f'worker {worker.__name__} is defined in this notebook or '
-            f'interpreter session, which new processes cannot import: save it '
-            f'in a module (as the book saves its workers in d2l) and pass that')
-    for name, value in (('worker', worker), ('args', args)):
-        try:
-            pickle.dumps(value)
-        except Exception as err:
-            raise ValueError(
-                f'{name} cannot be sent to new processes ({err}); use a '
-                f'function defined at the top level of a module and '
-                f'arguments that pickle') from None
-
-@contextlib.contextmanager
-def _quiet_logger(name):
-    """Hide the informational and warning records of logger `name` in the body of a `with` block.
-
-    Defined in :numref:`sec_process_groups`"""
-    logger = logging.getLogger(name)
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
-
-def _start_rank(rank, out_dir, parent_pid):
-    """Prepare a process that spawn_ranks started: report to out_dir, log there, die with the parent.
-
-    Defined in :numref:`sec_process_groups`"""
-    global _rank_report_dir
-    _rank_report_dir = out_dir
-    log = os.open(os.path.join(out_dir, f'rank{rank}.log'),
-                  os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-    for stream in (1, 2):  # C++ log lines and dumps bypass sys.stdout/stderr
-        os.dup2(log, stream)
-    os.close(log)
-    if sys.platform.startswith('linux'):
-        import ctypes
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
-    if os.getppid() != parent_pid:  # the parent died before we asked
-        os._exit(1)
-    beat = os.path.join(out_dir, f'rank{rank}.alive')
-    open(beat, 'w').close()
-    threading.Thread(target=_heartbeat, args=(beat,), daemon=True).start()
-
-def _finish_rank(rank, out_dir, result):
-    """Store the result of a worker where spawn_ranks collects it.
-
-    Defined in :numref:`sec_process_groups`"""
-    with open(os.path.join(out_dir, f'rank{rank}.pkl.part'), 'wb') as f:
-        pickle.dump(result, f)
-    os.replace(os.path.join(out_dir, f'rank{rank}.pkl.part'),
-               os.path.join(out_dir, f'rank{rank}.pkl'))
-
-def _rank_failure(out_dir, world_size, exit_codes):
-    """The error to raise for a failed group, given the ranks' exit codes.
-
-    Defined in :numref:`sec_process_groups`"""
-    killed = [rank for rank, code in enumerate(exit_codes)
-              if code is not None and code < 0 and -code != signal.SIGABRT]
-    written = []
-    for rank in range(world_size):
-        path = os.path.join(out_dir, f'rank{rank}.error')
-        if os.path.exists(path):
-            with open(path) as f:
-                when, trace = f.read().split('\n', 1)
-            written.append((float(when), rank, trace))
-    if written and not killed:
-        _, rank, trace = min(written)
-        return RuntimeError(f'rank {rank} of {world_size} failed:\n{trace}')
-    rank = killed[0] if killed else next(
-        r for r, code in enumerate(exit_codes) if code not in (None, 0))
-    code = exit_codes[rank]
-    how = (f'signal {signal.Signals(-code).name}' if code < 0
-           else f'exit code {code}')
-    message = (f'rank {rank} of {world_size} died ({how}) without a Python '
-               f'error')
-    log = os.path.join(out_dir, f'rank{rank}.log')
-    if os.path.exists(log):
-        with open(log, errors='replace') as f:
-            tail = f.read()[-3000:]
-        message += f'.\nThe end of its output:\n{tail}'
-    return RuntimeError(message)
-
-def _stop_processes(processes, grace_s=3.0):
-    """Terminate the processes that still run, kill those that ignore it, and reap them all.
-
-    Defined in :numref:`sec_process_groups`"""
-    for process in processes:
-        if process.is_alive():
-            process.terminate()
-    deadline = time.monotonic() + grace_s
-    for process in processes:
-        process.join(max(0.0, deadline - time.monotonic()))
-        if process.is_alive():
-            process.kill()
-            process.join()
-
-def _join_ranks(context, out_dir, world_size, silence_s, servers=()):
-    """Wait for the processes of spawn_ranks; on a failure, a silent rank, an interrupt or SIGTERM stop them all.
-
-    Defined in :numref:`sec_process_groups`"""
-    def on_sigterm(signum, frame):
-        raise SystemExit(128 + signum)  # unwinds through the clean-up below
-
-    in_main_thread = threading.current_thread() is threading.main_thread()
-    previous = in_main_thread and signal.signal(signal.SIGTERM, on_sigterm)
-    try:
-        codes = _wait_for_ranks(context.processes, out_dir, silence_s,
-                                servers)
-    finally:  # KeyboardInterrupt, SystemExit from SIGTERM, a silent rank
-        _stop_processes([*context.processes, *servers])
-        if in_main_thread:
-            signal.signal(signal.SIGTERM, previous)
-    if codes is not None:
-        raise _rank_failure(out_dir, world_size, codes) from None
-
-def _heartbeat(path):
-    """Touch the file at `path` every second, as a sign of life for spawn_ranks.
-
-    Defined in :numref:`sec_process_groups`"""
-    while True:
-        os.utime(path)
-        time.sleep(1.0)
-
-def _wait_for_ranks(processes, out_dir, silence_s, servers=()):
-    """Wait until all ranks end well (None) or one fails (their exit codes); raise if one falls silent or a server ends.
-
-    Defined in :numref:`sec_process_groups`"""
-    seen, checked = {}, time.monotonic()  # rank: (heartbeat, when it changed)
-    while True:
-        codes = [process.exitcode for process in processes]
-        if all(code == 0 for code in codes):
-            return None
-        for server in servers:  # MXNet's: they end well after the workers
-            if server.exitcode not in (None, 0):
-                raise RuntimeError(
-                    f'a parameter-server process ended (exit code '
-                    f'{server.exitcode}) while the workers still ran')
-        if any(code not in (None, 0) for code in codes):
-            # A peer's death may show a moment after the error it caused.
-            running = [p.sentinel for p in processes if p.exitcode is None]
-            if running:
-                multiprocessing.connection.wait(running, 0.5)
-            return [process.exitcode for process in processes]
-        now = time.monotonic()
-        if now - checked > 5:  # this process was stopped or suspended too
-            seen = {}
-        checked = now
-        for rank, code in enumerate(codes):
-            path = os.path.join(out_dir, f'rank{rank}.alive')
-            if code is not None or not os.path.exists(path):
-                continue  # ended well, or not started yet
-            beat = os.stat(path).st_mtime_ns
-            if seen.get(rank, (None,))[0] != beat:
-                seen[rank] = (beat, now)
-            elif silence_s and now - seen[rank][1] > silence_s:
-                raise RuntimeError(
-                    f'rank {rank} of {len(processes)} showed no sign of life '
-                    f'for {silence_s:g} s (stopped, or hung holding Python\'s '
-                    f'lock), so all ranks were stopped; if it needs longer, '
-                    f'pass a larger silence_s to spawn_ranks')
-        multiprocessing.connection.wait(
-            [p.sentinel for p in [*processes, *servers]], 0.2)
-
-def _group_from_env(rank, world_size, init_method):
-    """Check a rank and world size against the group that spawn or launch described in the environment.
-
-    Defined in :numref:`sec_process_groups`"""
-    if 'PADDLE_TRAINER_ID' not in os.environ:
-        raise RuntimeError(
-            'no process group is described in the environment: run this code '
-            'in a process started by d2l.spawn_ranks, paddle.distributed.spawn '
-            'or python -m paddle.distributed.launch')
-    given = (_int_from_env('PADDLE_TRAINER_ID', 0),
-             _int_from_env('PADDLE_TRAINERS_NUM', 1))
-    if (rank, world_size) != given:
-        raise ValueError(f'rank {rank} of world_size {world_size} does not '
-                         f'match the environment, which says rank {given[0]} '
-                         f'of {given[1]}')
-    if init_method != 'env://':
-        raise ValueError(f"init_method must be 'env://' in PaddlePaddle, which "
-                         f'reads the rendezvous from the environment; got '
-                         f'{init_method!r}')
-    hosts = os.environ.get('PADDLE_TRAINER_ENDPOINTS', '').split(',')
-    if all(_is_loopback(host.rsplit(':', 1)[0]) for host in hosts):
-        os.environ['GLOO_SOCKET_IFNAME'] = _loopback_interface()
-
-def _set_group_timeout(timeout_s, device):
-    """Give an NCCL group `timeout_s` or a launcher's --timeout; refuse one for Gloo, which has none.
-
-    Defined in :numref:`sec_process_groups`"""
-    if timeout_s is None and ddp_backend(device) == 'nccl':
-        timeout_s = _launcher_timeout_s
-    if timeout_s is not None:
-        if ddp_backend(device) != 'nccl':
-            raise ValueError("timeout_s must be None on the CPU: PaddlePaddle's "
-                             'Gloo group has no timeout')
-        os.environ['PADDLE_PG_TIMEOUT'] = str(int(timeout_s * 1000))
-
-@contextlib.contextmanager
-def _quiet_paddle_children():
-    """Keep PaddlePaddle's start-up notices and informational C++ logs out of the parent's output.
-
-    Defined in :numref:`sec_process_groups`"""
-    quiet = {'GLOG_minloglevel': '2',  # read when a child imports paddle
-             'PYTHONWARNINGS': 'ignore::UserWarning'}
-    saved = {name: os.environ.get(name) for name in quiet}
-    os.environ.update(quiet)
-    try:
-        with warnings.catch_warnings():
-            # spawn says once per call that a CPU build trains on the CPU.
-            warnings.filterwarnings('ignore', message='.*CPUONLY')
-            yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-
 def spawn_ranks(worker, world_size, *args, silence_s=60.0, backend=None):
-    """Run worker(rank, world_size, *args) in `world_size` new processes; return their results by rank.
+    """Run worker(rank, world_size, *args) in new processes; their results.
 
     Defined in :numref:`sec_process_groups`"""
     _check_rank(0, world_size)
@@ -1321,7 +1087,8 @@ def spawn_ranks(worker, world_size, *args, silence_s=60.0, backend=None):
     if backend is None:
         backend = ddp_backend(ddp_device(0, world_size))
     if backend not in ('gloo', 'nccl'):
-        raise ValueError(f"backend must be 'gloo', 'nccl' or None, got {backend!r}")
+        raise ValueError(f"backend must be 'gloo', 'nccl' or None, "
+                         f"got {backend!r}")
     with tempfile.TemporaryDirectory(prefix='d2l-ranks-') as out_dir, \
             _quiet_paddle_children(), _quiet_logger('root'):
         context = dist.spawn(_run_rank, args=(worker, args, out_dir,
@@ -1331,7 +1098,7 @@ def spawn_ranks(worker, world_size, *args, silence_s=60.0, backend=None):
         return _collect_results(out_dir, world_size)
 
 def _run_rank(worker, args, out_dir, parent_pid):
-    """Body of one process of spawn_ranks: run the worker, store its result or its error.
+    """Body of a process of spawn_ranks: run the worker, store its outcome.
 
     Defined in :numref:`sec_process_groups`"""
     rank = _int_from_env('PADDLE_TRAINER_ID', 0)  # set by spawn
@@ -1344,7 +1111,7 @@ def _run_rank(worker, args, out_dir, parent_pid):
     _finish_rank(rank, out_dir, result)
 
 def _all_reduce_demo(rank, world_size, init_method):
-    """Join a group and sum rank + 1 over all ranks; return what this rank saw.
+    """Join a group, sum rank + 1 over all ranks; return what this rank saw.
 
     Defined in :numref:`sec_process_groups`"""
     with process_group(rank, world_size, init_method) as device:
@@ -1355,7 +1122,7 @@ def _all_reduce_demo(rank, world_size, init_method):
                 'backend': ddp_backend(device), 'sum': x.item()}
 
 def launcher_ranks():
-    """(rank, world size, local rank, local world size) as set by paddle.distributed.launch.
+    """(rank, world size, local rank, local world size) from the launcher.
 
     Defined in :numref:`sec_process_groups`"""
     names = ('PADDLE_TRAINER_ID', 'PADDLE_TRAINERS_NUM')
@@ -1376,9 +1143,10 @@ def launcher_ranks():
 
 @contextlib.contextmanager
 def launcher_deadline(rank, world_size, timeout_s):
-    """Say what this rank waits for; give the body's groups `timeout_s`; end the process if none forms in time.
+    """Give the body's groups `timeout_s`; end the process if none forms.
 
     Defined in :numref:`sec_process_groups`"""
+    # it also says what this rank waits for
     global _launcher_timeout_s
     _check_rank(rank, world_size)
     _check_timeout(timeout_s)
@@ -1430,14 +1198,16 @@ def _rendezvous_address():
         'PADDLE_TRAINER_ENDPOINTS', '(unset)').split(',')[0])
 
 def ddp_script_path(framework=None):
-    """Path of the book's launcher script for `framework` ('torch' or 'paddle'; default: this module's).
+    """Path of the book's launcher script for 'torch' or 'paddle'.
 
     Defined in :numref:`sec_process_groups`"""
+    # framework=None: the script of this module's framework
     names = {'torch': 'ddp_train.py', 'paddle': 'ddp_train_paddle.py'}
     if framework is None:
         framework = __name__.rsplit('.', 1)[-1]  # d2l.torch or d2l.paddle
     if framework not in names:
-        raise ValueError(f"framework must be 'torch' or 'paddle', got {framework!r}")
+        raise ValueError(f"framework must be 'torch' or 'paddle', "
+                         f"got {framework!r}")
     name = names[framework]
     # Next to d2l/ in the repository, or beside a downloaded notebook.
     book_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -1451,14 +1221,14 @@ def ddp_script_path(framework=None):
                             ": run from the book's root or notebook folder")
 
 def fashion_mnist_tensors(split):
-    """Images and labels of a Fashion-MNIST split as tensors (the quick subset in quick mode).
+    """Fashion-MNIST images and labels as tensors; a subset in quick mode.
 
     Defined in :numref:`sec_ddp`"""
     images, labels = fashion_mnist_arrays(split, quick_mode(num_gpus()))
     return paddle.to_tensor(images), paddle.to_tensor(labels)
 
 def _small_mlp(seed):
-    """A two-layer perceptron for 28x28 images, initialised from `seed`; no batch norm.
+    """A two-layer MLP for 28x28 images, initialised from `seed`; no BN.
 
     Defined in :numref:`sec_ddp`"""
     paddle.seed(seed)
@@ -1466,13 +1236,13 @@ def _small_mlp(seed):
                          nn.Linear(64, 10))
 
 def flat_parameters(net):
-    """All parameters of `net` in one flat NumPy vector, in registration order.
+    """All parameters of `net` in one flat NumPy vector, in their order.
 
     Defined in :numref:`sec_ddp`"""
     return np.concatenate([p.numpy().reshape(-1) for p in net.parameters()])
 
 def _wrap_ddp(net, device):
-    """`net` wrapped in paddle.DataParallel, on the device process_group set.
+    """`net` in paddle.DataParallel, on the device process_group set.
 
     Defined in :numref:`sec_ddp`"""
     return paddle.DataParallel(net)
@@ -1489,7 +1259,7 @@ def _sgd(net, lr, momentum=0.0):
     return paddle.optimizer.SGD(learning_rate=lr, parameters=net.parameters())
 
 def shard_of_batch(X, y, step, rank, world_size, batch_size):
-    """Rank `rank`'s `batch_size` examples of global minibatch `step`, wrapping around the data.
+    """Rank `rank`'s `batch_size` examples of minibatch `step`, wrapping.
 
     Defined in :numref:`sec_ddp`"""
     d2l._check_rank(rank, world_size)
@@ -1501,7 +1271,7 @@ def shard_of_batch(X, y, step, rank, world_size, batch_size):
 
 def sgd_on_shards(net, optimizer, rank, world_size, num_steps, batch_size,
                   device):
-    """Take `num_steps` optimizer steps, rank `rank` training on its shard of each global minibatch.
+    """Take `num_steps` steps, rank `rank` training on its minibatch shard.
 
     Defined in :numref:`sec_ddp`"""
     d2l._check_count(num_steps, 'num_steps')
@@ -1512,23 +1282,23 @@ def sgd_on_shards(net, optimizer, rank, world_size, num_steps, batch_size,
         y_hat = net(X_shard.to(device))
         loss = F.cross_entropy(y_hat, y_shard.to(y_hat.device))
         optimizer.zero_grad()
-        loss.backward()  # a wrapped model averages the gradients over ranks here
+        loss.backward()  # a wrapped model averages gradients over ranks
         optimizer.step()
         d2l._check_loss(loss, f'step {step + 1}')
 
 def ddp_sgd_steps(rank, world_size, init_method, num_steps, batch_size, lr):
-    """Multi-process worker: `num_steps` of SGD on `_small_mlp`, `batch_size` examples per rank; returns the parameters.
+    """Worker: `num_steps` SGD steps on `_small_mlp`; returns parameters.
 
     Defined in :numref:`sec_ddp`"""
     with process_group(rank, world_size, init_method) as device:
-        # Seeds differ on purpose: wrapping the model must make the copies agree.
+        # Seeds differ on purpose: the wrapper must make the copies agree.
         net = _wrap_ddp(_small_mlp(seed=rank), device)
         sgd_on_shards(net, _sgd(net, lr), rank, world_size, num_steps,
                       batch_size, device)
         return flat_parameters(net)
 
 def sgd_steps_one_process(num_steps, batch_size, lr):
-    """The same SGD in this process alone, on minibatches of `batch_size`, from rank 0's start.
+    """The same SGD in this process alone, starting from rank 0's model.
 
     Defined in :numref:`sec_ddp`"""
     net = _small_mlp(seed=0)
@@ -1544,7 +1314,7 @@ def _timed_step(net, X, y):
     return time.perf_counter() - began
 
 def _skew_demo(rank, world_size, init_method, delay_s, report_dir):
-    """Time DataParallel steps while rank 1 is late once and then leaves; write each rank's timings.
+    """Time DataParallel steps while rank 1 is late once, then leaves.
 
     Defined in :numref:`sec_ddp`"""
     with process_group(rank, world_size, init_method, device='cpu'):
@@ -1561,12 +1331,12 @@ def _skew_demo(rank, world_size, init_method, delay_s, report_dir):
         with open(os.path.join(report_dir, f'rank{rank}.json'), 'w') as f:
             json.dump(seen, f)
         if rank == 1:
-            dist.destroy_process_group()  # leave now, without waiting for rank 0
+            dist.destroy_process_group()  # leave now, not waiting for rank 0
         else:
             _timed_step(net, X, y)  # finds rank 1 gone: aborts here
 
 def _checkpoint_demo(rank, world_size, init_method, path):
-    """Train, save on rank 0, load into a fresh model on every rank; return the parameters before and after.
+    """Train, save on rank 0, load on every rank; parameters before, after.
 
     Defined in :numref:`sec_ddp`"""
     with process_group(rank, world_size, init_method) as device:
@@ -1585,7 +1355,7 @@ def _checkpoint_demo(rank, world_size, init_method, path):
                 'after': flat_parameters(fresh)}
 
 class _TwoDeviceMLP(nn.Layer):
-    """`_small_mlp` cut in two: the hidden layer on devices[0], the output layer on devices[1].
+    """`_small_mlp` in two: hidden layer on devices[0], output on [1].
 
     Defined in :numref:`sec_ddp`"""
     def __init__(self, devices, seed):
@@ -1603,7 +1373,7 @@ class _TwoDeviceMLP(nn.Layer):
 
 def model_parallel_ddp_steps(rank, world_size, init_method, num_steps,
                              batch_size, lr):
-    """DataParallel worker whose model is cut into two parts; returns its devices and parameters.
+    """DataParallel worker, model cut in two; its devices and parameters.
 
     Defined in :numref:`sec_ddp`"""
     devices = ['cpu', 'cpu']  # see the text: both halves on the CPU
@@ -1639,7 +1409,7 @@ def _sharded_loader(rank, world_size, local_batch):
     return paddle.io.DataLoader(data, batch_sampler=sampler), sampler
 
 def _share_rank0_statistics(net, world_size):
-    """Give every rank the batch-norm statistics (untrainable parameters) of rank 0.
+    """Give every rank rank 0's batch-norm statistics (untrained values).
 
     Defined in :numref:`sec_ddp_resnet`"""
     if world_size == 1:  # PaddlePaddle forms no group for one process
@@ -1688,9 +1458,10 @@ def _ddp_epoch(net, optimizer, train_iter, device, world_size, epoch):
     return loss_sum / n
 
 def _batch_norm_statistics_demo(rank, world_size, init_method, num_steps):
-    """Train a perceptron with batch norm under DataParallel; return its running mean before and after a broadcast.
+    """Train a BN perceptron in DataParallel; running mean before, after.
 
     Defined in :numref:`sec_ddp_resnet`"""
+    # "after" is after a broadcast of rank 0's statistics
     with process_group(rank, world_size, init_method) as device:
         paddle.seed(0)
         norm = nn.BatchNorm1D(64)
@@ -1704,7 +1475,7 @@ def _batch_norm_statistics_demo(rank, world_size, init_method, num_steps):
         return trained, norm._mean.numpy()
 
 def warmup_cosine_lr(lr, epoch, num_epochs, warmup=0, start=0.0):
-    """Rate of `epoch`: from `start` up to `lr` in `warmup` epochs, then down.
+    """Rate of `epoch`: from `start` to `lr` in `warmup` epochs, then down.
 
     Defined in :numref:`sec_ddp_resnet`"""
     d2l._check_count(warmup, 'warmup')
@@ -1813,7 +1584,7 @@ def time_steps(net, optimizer, X, y, num_steps, warmup, device):
     return (time.perf_counter() - began) / num_steps
 
 def _timing_model(model_fn, device):
-    """The model to time (ResNet-18 by default) on `device`, and its optimizer.
+    """The model to time (ResNet-18 by default) on `device`, its optimizer.
 
     Defined in :numref:`sec_ddp_resnet`"""
     paddle.seed(0)
@@ -1822,7 +1593,7 @@ def _timing_model(model_fn, device):
 
 def time_ddp(world_size, global_batch, num_steps, warmup=1, model_fn=None,
              threads=1):
-    """Seconds per step of `world_size` processes sharing `global_batch` images.
+    """Seconds per step of `world_size` processes sharing `global_batch`.
 
     Defined in :numref:`sec_ddp_resnet`"""
     d2l._check_positive_int(global_batch, 'global_batch')
@@ -1838,7 +1609,7 @@ def time_ddp(world_size, global_batch, num_steps, warmup=1, model_fn=None,
 
 def _time_ddp_worker(rank, world_size, init_method, global_batch, num_steps,
                      warmup, model_fn, threads):
-    """One process of time_ddp: time its shard; return the slowest rank's time.
+    """One process of time_ddp: time its shard; the slowest rank's time.
 
     Defined in :numref:`sec_ddp_resnet`"""
     with process_group(rank, world_size, init_method) as device:
@@ -1903,7 +1674,7 @@ def _device(x):
 _concat, _zeros_like = paddle.concat, paddle.zeros_like
 
 def reduce_scatter(data):
-    """Sum same-shaped tensors on k devices; device i receives shard i of the flat sum.
+    """Sum same-shaped tensors on k devices; device i gets shard i of it.
 
     Defined in :numref:`sec_sharded_data_parallel`"""
     _check_per_device(data, 'data')
@@ -1916,12 +1687,13 @@ def reduce_scatter(data):
             total = d2l._copy(_flat(x)[lo:hi], device)
             for j, other in enumerate(data):
                 if j != i and hi > lo:  # MXNet cannot add empty arrays
-                    total += d2l._copy(_flat(other)[lo:hi], device)  # shard i of j
+                    # shard i of device j's tensor
+                    total += d2l._copy(_flat(other)[lo:hi], device)
         shards.append(total)
     return shards
 
 def all_gather(shards):
-    """Concatenate the flat shards of k devices into the full flat tensor on every device.
+    """Concatenate the flat shards of k devices, the whole on every device.
 
     Defined in :numref:`sec_sharded_data_parallel`"""
     if len(shards) == 0 or any(len(s.shape) != 1 for s in shards):
@@ -1930,7 +1702,8 @@ def all_gather(shards):
     gathered = []
     for x in shards:
         with _tensors_on(_device(x)):
-            gathered.append(_concat([d2l._copy(s, _device(x)) for s in shards]))
+            gathered.append(
+                _concat([d2l._copy(s, _device(x)) for s in shards]))
     return gathered
 
 def unflatten(flat, shapes):
@@ -1946,7 +1719,7 @@ def unflatten(flat, shapes):
             for lo, hi, shape in zip(bounds, bounds[1:], shapes)]
 
 def lenet_flat_grad(flat, X, y):
-    """Gradient of LeNet's summed loss on (X, y) at the flat parameters `flat`.
+    """Gradient of LeNet's summed loss on (X, y) at flat parameters `flat`.
 
     Defined in :numref:`sec_sharded_data_parallel`"""
     with paddle.device.device_guard(_typed_place(flat.place)):
@@ -1994,27 +1767,30 @@ def _check_zero_states(states, devices, stage):
                          f'{needed}; pass the stage given to zero_init')
 
 def zero_init(params, devices, stage):
-    """Each device's flat parameters, gradients and momentum, sharded as ZeRO `stage` says.
+    """Each device's flat parameters, gradients, momentum for ZeRO `stage`.
 
     Defined in :numref:`sec_sharded_data_parallel`"""
     check_stage(stage)
     _check_zero_args(params, devices)
     flat = _concat([_flat(p) for p in params])
-    bounds = [0, *itertools.accumulate(shard_sizes(flat.shape[0], len(devices)))]
+    sizes = shard_sizes(flat.shape[0], len(devices))
+    bounds = [0, *itertools.accumulate(sizes)]
     states = []
     for i, device in enumerate(devices):
         with _tensors_on(device):
             mine = d2l._copy(flat[bounds[i]:bounds[i + 1]], device)
             full = mine if stage == 3 else d2l._copy(flat, device)
-            states.append({'params': full,
-                           'grads': _zeros_like(mine if stage >= 2 else full),
-                           'momentum': _zeros_like(mine if stage >= 1 else full)})
+            states.append({
+                'params': full,
+                'grads': _zeros_like(mine if stage >= 2 else full),
+                'momentum': _zeros_like(mine if stage >= 1 else full)})
     return states
 
 def zero_step(X, y, states, devices, stage, lr, momentum=0.9):
-    """One momentum-SGD step of LeNet on k devices with ZeRO `stage` (0: plain data parallelism).
+    """One momentum-SGD step of LeNet on k devices with ZeRO `stage`.
 
     Defined in :numref:`sec_sharded_data_parallel`"""
+    # stage 0 is plain data parallelism
     check_stage(stage)
     _check_zero_states(states, devices, stage)
     d2l._check_rate(lr, 'lr')
@@ -2068,7 +1844,7 @@ def state_bytes(state):
     return {kind: x.size * x.element_size() for kind, x in state.items()}
 
 def zero_params(states, stage):
-    """The full flat parameters of a ZeRO run as a NumPy array, sharded or not.
+    """A ZeRO run's full flat parameters as a NumPy array, sharded or not.
 
     Defined in :numref:`sec_sharded_data_parallel`"""
     check_stage(stage)
@@ -2217,14 +1993,20 @@ def _backward(x, out, grad):
     _sync(x.grad)
     return x.grad
 
-def run_stage(layers, stage, num_stages, steps, Xs, ys, device, send, recv):
-    """Run one stage's steps (op, micro-batch); times, peak bytes, loss.
+def _check_stage_number(stage, num_stages):
+    """Refuse a stage outside 0..num_stages-1, naming both.
 
     Defined in :numref:`sec_pipeline`"""
     if not (_is_int(stage) and _is_int(num_stages)
             and 0 <= stage < num_stages):
         raise ValueError(f'stage must lie in 0..num_stages-1, got stage='
                          f'{stage!r} and num_stages={num_stages!r}')
+
+def run_stage(layers, stage, num_stages, steps, Xs, ys, device, send, recv):
+    """Run one stage's steps (op, micro-batch); times, peak bytes, loss.
+
+    Defined in :numref:`sec_pipeline`"""
+    _check_stage_number(stage, num_stages)
     last, n = stage == num_stages - 1, sum(x.shape[0] for x in Xs)
     held, held_bytes, peak, loss, times = {}, 0, 0, 0.0, []
     for op, i in steps:
@@ -2324,32 +2106,45 @@ def run_pipeline(stages, schedule, X, y, num_microbatches, timeout_s=60.0):
         raise RuntimeError(f'stage {s} failed: {error}')
     return _merge(records)
 
+def _pump(box, peer, group, sending, shapes, rank, device, errors):
+    """Carry this rank's messages to or from `peer` through `box`, in order.
+
+    Defined in :numref:`sec_pipeline`"""
+    try:
+        for i in range(len(shapes)):
+            if sending:
+                dist.send(box.get(), peer, group)
+                continue
+            x = _tensor(numpy.zeros(shapes[i][min(rank, peer)],
+                                    numpy.float32), device)
+            dist.recv(x, peer, group)
+            box.put(x)
+    except BaseException as error:
+        errors.append(error)
+        box.put(error)  # for a waiting recv
+
+def _direction_groups(world_size, _made={}):
+    """A group for each neighbour pair and direction ('F', 'B'), made once.
+
+    Defined in :numref:`sec_pipeline`"""
+    if world_size not in _made:  # every rank makes them in the same order
+        _made[world_size] = {(s, op): dist.new_group([s, s + 1])
+                             for s in range(world_size - 1) for op in 'FB'}
+    return _made[world_size]
+
 def _p2p_link(shapes, timeout_s, device):
     """send and recv between neighbour ranks; finish waits for the sends.
 
     Defined in :numref:`sec_pipeline`"""
     rank, p = dist.get_rank(), dist.get_world_size()
     groups, boxes, threads, errors = _direction_groups(p), {}, [], []
-    def pump(op, peer, sending, box):  # one thread per peer and direction
-        group = groups[min(rank, peer), op]
-        try:
-            for i in range(len(shapes)):
-                if sending:
-                    dist.send(box.get(), peer, group)
-                    continue
-                x = _tensor(numpy.zeros(shapes[i][min(rank, peer)],
-                                        numpy.float32), device)
-                dist.recv(x, peer, group)
-                box.put(x)
-        except BaseException as error:
-            errors.append(error)
-            box.put(error)  # for a waiting recv
     for op, peer, sending in (('F', rank + 1, True), ('B', rank - 1, True),
                               ('F', rank - 1, False), ('B', rank + 1, False)):
-        if 0 <= peer < p:
+        if 0 <= peer < p:  # one thread per peer and direction
             boxes[op, peer] = queue.Queue()
-            threads.append(threading.Thread(target=pump, daemon=True, args=(
-                op, peer, sending, boxes[op, peer])))
+            threads.append(threading.Thread(target=_pump, daemon=True, args=(
+                boxes[op, peer], peer, groups[min(rank, peer), op], sending,
+                shapes, rank, device, errors)))
             threads[-1].start()
     send = lambda stage, op, i, x: boxes[op, stage].put(x.detach())
     def recv(source, op, i):
@@ -2368,15 +2163,6 @@ def _p2p_link(shapes, timeout_s, device):
             raise errors[0] if errors else TimeoutError(
                 f'rank {rank}: messages unfinished after {timeout_s:g} s')
     return send, recv, finish
-
-def _direction_groups(world_size, _made={}):
-    """A group for each neighbour pair and direction ('F', 'B'), made once.
-
-    Defined in :numref:`sec_pipeline`"""
-    if world_size not in _made:  # every rank makes them in the same order
-        _made[world_size] = {(s, op): dist.new_group([s, s + 1])
-                             for s in range(world_size - 1) for op in 'FB'}
-    return _made[world_size]
 
 def _pipeline_worker(rank, world_size, init_method, runs, X, y, depth, width,
                      timeout_s):
@@ -2817,21 +2603,21 @@ def _check_sizes(sizes, reps):
     return sizes
 
 def ring_allreduce_time(num_bytes, k, alpha, beta):
-    """Seconds the alpha-beta model gives a ring allreduce of `num_bytes` over `k` processes.
+    """Alpha-beta seconds of a ring allreduce of `num_bytes` over `k` ranks.
 
     Defined in :numref:`sec_cost_model`"""
     _check_cost_args(num_bytes, k, alpha, beta)
     return 2 * (k - 1) * (alpha + beta * num_bytes / k)
 
 def naive_allreduce_time(num_bytes, k, alpha, beta):
-    """Seconds the alpha-beta model gives the naive allreduce (all through device 0) of `num_bytes`.
+    """Alpha-beta seconds of a naive allreduce (all through device 0).
 
     Defined in :numref:`sec_cost_model`"""
     _check_cost_args(num_bytes, k, alpha, beta)
     return 2 * (k - 1) * (alpha + beta * num_bytes)
 
 def ps_pushpull_time(num_bytes, k, alpha, beta, servers=1):
-    """Seconds the alpha-beta model gives a push and a pull through `servers` servers.
+    """Seconds of a push and a pull through `servers` parameter servers.
 
     Defined in :numref:`sec_cost_model`"""
     _check_cost_args(num_bytes, k, alpha, beta)
@@ -2839,9 +2625,10 @@ def ps_pushpull_time(num_bytes, k, alpha, beta, servers=1):
     return 2 * (alpha + beta * num_bytes * max(1, k / servers))
 
 def fit_alpha_beta(num_bytes, seconds, k):
-    """Alpha (s per message) and beta (s per byte) of the ring model fitted to allreduce timings over `k` processes.
+    """Ring-model alpha (s/message) and beta (s/byte) fitted to timings.
 
     Defined in :numref:`sec_cost_model`"""
+    # the timings are allreduces over `k` processes
     num_bytes, seconds = list(num_bytes), list(seconds)
     _check_timings(num_bytes, seconds, k)
     w = [1 / t ** 2 for t in seconds]  # relative, not absolute, errors
@@ -2859,7 +2646,7 @@ def fit_alpha_beta(num_bytes, seconds, k):
     return a / (2 * (k - 1)), b * k / (2 * (k - 1))
 
 def fit_ps_alpha_beta(num_bytes, seconds, k, servers=1):
-    """Alpha and beta of the parameter-server model fitted to push-pull timings.
+    """Alpha and beta of the parameter-server model, fitted to timings.
 
     Defined in :numref:`sec_cost_model`"""
     _check_int('k (the number of workers)', k, 1)
@@ -2869,7 +2656,7 @@ def fit_ps_alpha_beta(num_bytes, seconds, k, servers=1):
     return a2, b2 / (2 * max(1, k / servers))
 
 def _alternating_rounds(jobs, reps, wait=lambda: None, sync=lambda: None):
-    """Seconds of each no-argument function in `jobs` in each of `reps` rounds; rounds alternate the order.
+    """Seconds of each function in `jobs` in `reps` alternating rounds.
 
     Defined in :numref:`sec_cost_model`"""
     seconds = [[0.0] * len(jobs) for _ in range(reps)]
@@ -2884,16 +2671,18 @@ def _alternating_rounds(jobs, reps, wait=lambda: None, sync=lambda: None):
     return seconds
 
 def _slowest_medians(per_process):
-    """Per job, the median over rounds of the slowest process's seconds, given each process's _alternating_rounds.
+    """Per job, the median over rounds of the slowest process's seconds.
 
     Defined in :numref:`sec_cost_model`"""
+    # rounds: each process's result of _alternating_rounds
     rounds = [[max(col) for col in zip(*rows)] for rows in zip(*per_process)]
     return [statistics.median(col) for col in zip(*rounds)]
 
 def time_all_reduce(world_size, sizes, reps=3, calls=5):
-    """Median seconds per all_reduce of each byte size in `sizes` over `world_size` processes, timed over `calls` in a row.
+    """Median seconds per all_reduce of each byte size in `sizes`.
 
     Defined in :numref:`sec_cost_model`"""
+    # each over `world_size` processes, timed over `calls` calls in a row
     sizes = _check_sizes(sizes, reps)
     _check_int('calls', calls, 1)
     _check_world_of_two(world_size)
@@ -2902,7 +2691,7 @@ def time_all_reduce(world_size, sizes, reps=3, calls=5):
         _all_reduce_worker, world_size, 'env://', sizes, reps, calls))
 
 def _all_reduce_worker(rank, world_size, init_method, sizes, reps, calls):
-    """One process of time_all_reduce: its seconds per call for each size in alternating rounds.
+    """One process of time_all_reduce: its seconds per call for each size.
 
     Defined in :numref:`sec_cost_model`"""
     with process_group(rank, world_size, init_method):
@@ -2911,7 +2700,7 @@ def _all_reduce_worker(rank, world_size, init_method, sizes, reps, calls):
                                   reps, calls, sync)
 
 def _all_reduce_rounds(bufs, reps, calls, sync):
-    """Seconds per dist.all_reduce of each buffer in `reps` alternating rounds of `calls` calls.
+    """Seconds per all_reduce of each buffer in `reps` rounds of `calls`.
 
     Defined in :numref:`sec_cost_model`"""
     for x in bufs:
@@ -2922,9 +2711,10 @@ def _all_reduce_rounds(bufs, reps, calls, sync):
     return [[s / calls for s in row] for row in seconds]
 
 def ddp_buckets(num_bytes, bucket_cap_mb=25, first_bucket_mb=1):
-    """Sizes in bytes of the gradient buckets DDP makes of `num_bytes`, ignoring parameter boundaries.
+    """Byte sizes of DDP's gradient buckets for `num_bytes` of gradients.
 
     Defined in :numref:`sec_cost_model`"""
+    # parameter boundaries are ignored
     _check_cost_args(num_bytes, 1, 0, 0)
     _check_number('bucket_cap_mb', bucket_cap_mb, positive=True)
     _check_number('first_bucket_mb', first_bucket_mb, positive=True)
@@ -2937,9 +2727,10 @@ def ddp_buckets(num_bytes, bucket_cap_mb=25, first_bucket_mb=1):
 
 def predict_step_time(t_compute, num_bytes, k, alpha, beta, cores=None,
                       threads=1, bucket_cap_mb=25, accumulate=1, overlap=0.0):
-    """Predicted seconds per micro-batch of a k-process DDP step: shared-core compute plus unhidden allreduces.
+    """Predicted seconds per micro-batch of a k-process DDP step.
 
     Defined in :numref:`sec_cost_model`"""
+    # shared-core compute plus the allreduces that compute does not hide
     _check_cost_args(num_bytes, k, alpha, beta)
     _check_step_args(t_compute, cores, threads, accumulate, overlap)
     # Processes taking turns on the CPU's cores; None: a device per process.
@@ -2949,9 +2740,10 @@ def predict_step_time(t_compute, num_bytes, k, alpha, beta, cores=None,
     return t_compute * share + (1 - overlap) * comm / accumulate
 
 def _time_runs(runs, X, y, num_steps, warmup, reps, wait=lambda: None):
-    """This process's seconds per micro-batch of each (net, optimizer, config) in `runs`, in alternating rounds.
+    """This process's seconds per micro-batch of each run in `runs`.
 
     Defined in :numref:`sec_cost_model`"""
+    # runs: (net, optimizer, config) triples, timed in alternating rounds
     for net, optimizer, c in runs:  # untimed: DDP also settles its buckets
         _sgd_steps(net, optimizer, X, y, warmup, c['accumulate'], c['bf16'])
     # Plain copies wait for one another after each step, as DDP's processes
@@ -2965,7 +2757,7 @@ def _time_runs(runs, X, y, num_steps, warmup, reps, wait=lambda: None):
              for s, (_, _, c) in zip(row, runs)] for row in seconds]
 
 def cost_model_net(model):
-    """LeNet ('lenet') or the book's ResNet-18 ('resnet18') for Fashion-MNIST, as a module.
+    """LeNet ('lenet') or the book's ResNet-18 ('resnet18') as a module.
 
     Defined in :numref:`sec_cost_model`"""
     if model == 'lenet':
@@ -2979,16 +2771,17 @@ def cost_model_net(model):
     raise ValueError(f"model must be 'lenet' or 'resnet18', got {model!r}")
 
 def gradient_bytes(net):
-    """Bytes of float32 gradients that one allreduce of `net`'s trainable parameters moves.
+    """Bytes of float32 gradients one allreduce of `net`'s parameters moves.
 
     Defined in :numref:`sec_cost_model`"""
     return sum(p.numel().item() * 4 for p in net.parameters() if p.trainable)
 
 def _sgd_steps(net, optimizer, X, y, num_steps, accumulate=1, bf16=False,
                step_end=lambda: None):
-    """Take `num_steps` SGD steps, each summing gradients of `accumulate` micro-batches (X, y), calling `step_end` after each.
+    """Take `num_steps` SGD steps of `accumulate` micro-batches (X, y) each.
 
     Defined in :numref:`sec_cost_model`"""
+    # step_end is called after each step
     for _ in range(num_steps):
         optimizer.clear_grad()
         for i in range(accumulate):
@@ -3006,9 +2799,10 @@ def _sgd_steps(net, optimizer, X, y, num_steps, accumulate=1, bf16=False,
 
 def time_compute(model, batch_size, threads=None, num_steps=2, warmup=1,
                  reps=3, bf16=False):
-    """Median seconds per plain SGD step of `model` on `batch_size` images in this process, with `threads` CPU threads.
+    """Median seconds per plain SGD step of `model` in this process.
 
     Defined in :numref:`sec_cost_model`"""
+    # on `batch_size` images, with `threads` CPU threads
     cost_model_net(model)  # rejects an unknown name
     _check_sizes([4], reps)
     if threads is not None:
@@ -3053,7 +2847,7 @@ def _check_configs(configs):
     return out
 
 def _ddp_model(c, device):
-    """A seeded DataParallel model (a plain one if not c['ddp']) for config dict `c`, and its SGD optimizer.
+    """A seeded DataParallel (plain if not c['ddp']) model, and its SGD.
 
     Defined in :numref:`sec_cost_model`"""
     paddle.seed(0)
@@ -3065,9 +2859,10 @@ def _ddp_model(c, device):
 
 def time_ddp_configs(world_size, configs, global_batch, num_steps=2,
                      warmup=1, reps=3):
-    """Median seconds per micro-batch of DDP training for each config dict, `world_size` processes sharing `global_batch`.
+    """Median seconds per micro-batch of DDP training for each config.
 
     Defined in :numref:`sec_cost_model`"""
+    # `world_size` processes share `global_batch` examples
     configs = _check_configs(configs)
     if any(c['compress'] for c in configs):
         raise ValueError('compress=True: DataParallel has no compression hook')
@@ -3087,7 +2882,7 @@ def time_ddp_configs(world_size, configs, global_batch, num_steps=2,
 
 def _ddp_configs_worker(rank, world_size, init_method, configs, global_batch,
                         num_steps, warmup, reps):
-    """One process of time_ddp_configs: join the group, then time the configurations.
+    """One process of time_ddp_configs: join the group, time the configs.
 
     Defined in :numref:`sec_cost_model`"""
     with process_group(rank, world_size, init_method):
@@ -3096,7 +2891,7 @@ def _ddp_configs_worker(rank, world_size, init_method, configs, global_batch,
 
 def _time_configs(configs, global_batch, num_steps, warmup, reps, rank,
                   world_size):
-    """This process's seconds per micro-batch of each configuration, in alternating rounds.
+    """This process's seconds per micro-batch of each config, alternating.
 
     Defined in :numref:`sec_cost_model`"""
     device = ddp_device(rank, world_size)
@@ -3108,6 +2903,7 @@ def _time_configs(configs, global_batch, num_steps, warmup, reps, rank,
     wait = dist.barrier if world_size > 1 else lambda: None
     return _time_runs(runs, X, y, num_steps, warmup, reps, wait)
 
+import contextlib
 import gzip
 import hashlib
 import http.client
@@ -3130,7 +2926,7 @@ def _is_int(value):
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 def _check_count(value, name, least=0):
-    """Reject `value` unless it is an integer of at least `least`, naming it.
+    """Reject `value` unless it is an integer of at least `least`; name it.
 
     Defined in :numref:`sec_d2l_package`"""
     if not _is_int(value) or value < least:
@@ -3183,7 +2979,7 @@ def _device_name(device):
     return 'cpu', False
 
 def _device_names(devices, num_asked):
-    """(name, is_gpu) for each of `devices`, or an error that says what is wrong.
+    """(name, is_gpu) for each of `devices`, or an error saying what fails.
 
     Defined in :numref:`sec_d2l_package`"""
     if isinstance(devices, (str, bytes)) or not hasattr(devices, '__len__') \
@@ -3236,9 +3032,10 @@ def _minibatches(data_iter):
                         f'got {type(data_iter).__name__}') from None
 
 def _fraction_correct(counts, data_iter):
-    """correct / examples of an Accumulator filled from `data_iter`, or a ValueError.
+    """correct / examples of an Accumulator filled from `data_iter`.
 
     Defined in :numref:`sec_d2l_package`"""
+    # a ValueError if `data_iter` held no examples
     if counts[1] == 0:
         raise ValueError('data_iter yielded no examples: pass an iterator '
                          'over at least one (X, y) minibatch, such as the '
@@ -3246,7 +3043,7 @@ def _fraction_correct(counts, data_iter):
     return counts[0] / counts[1]
 
 def _check_sgd(params, lr, batch_size):
-    """Reject arguments of `sgd` that would corrupt the parameters, saying why.
+    """Reject arguments of `sgd` that would corrupt the parameters; say why.
 
     Defined in :numref:`sec_d2l_package`"""
     _check_rate(lr, 'lr')
@@ -3264,7 +3061,7 @@ def _check_sgd(params, lr, batch_size):
     return params
 
 def _check_loss(losses, where):
-    """The sum of `losses` as a float; FloatingPointError naming `where` if not finite.
+    """The sum of `losses` as a float; an error naming `where` if infinite.
 
     Defined in :numref:`sec_d2l_package`"""
     values = losses if isinstance(losses, (list, tuple)) else [losses]
@@ -3291,7 +3088,7 @@ def _points(x, y, curves):
     return xs, ys
 
 def _check_loader_args(batch_size, resize):
-    """The batch size and (height, width) as ints, or an error saying why not.
+    """The batch size and (height, width) as ints, or an error saying why.
 
     Defined in :numref:`sec_d2l_package`"""
     _check_positive_int(batch_size, 'batch_size')
@@ -3333,7 +3130,8 @@ def add_to_class(Class):
 if 'FLAGS_paddle_num_threads' not in os.environ:
     paddle.base.core.set_num_threads(os.cpu_count() or 1)
 
-FASHION_MNIST_SHA256 = {  # of the unpacked IDX bytes, so any gzip wrapping verifies
+# Of the unpacked IDX bytes, so that any gzip wrapping verifies.
+FASHION_MNIST_SHA256 = {
     'train-images-idx3-ubyte':
     'c59f468a2f672dc815687fe0f83887768d799fd8a3f3276145d20f83aa44d888',
     'train-labels-idx1-ubyte':
@@ -3343,7 +3141,8 @@ FASHION_MNIST_SHA256 = {  # of the unpacked IDX bytes, so any gzip wrapping veri
     't10k-labels-idx1-ubyte':
     '0402a96d92fd2663957122ceb108a494c5af83dab82d92729df917d7dec38c34'}
 
-FASHION_MNIST_MIRROR = 'http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/'
+FASHION_MNIST_MIRROR = ('http://fashion-mnist.s3-website.eu-central-1'
+                        '.amazonaws.com/')
 
 FASHION_MNIST_SYSTEM_DIR = '/usr/share/datasets/fashion-mnist'
 
@@ -3353,7 +3152,7 @@ class DatasetError(RuntimeError):
     Defined in :numref:`sec_d2l_package`"""
 
 def fashion_mnist_dirs():
-    """Folders searched for Fashion-MNIST, in order, and the one downloads go to.
+    """Folders searched for Fashion-MNIST, in order, and the download one.
 
     Defined in :numref:`sec_d2l_package`"""
     env_dir = os.environ.get('D2L_DATA_DIR', '').strip()
@@ -3369,7 +3168,7 @@ def fashion_mnist_dirs():
 _SAID = set()
 
 def _say_once(message, everywhere=False):
-    """Print `message` once per process: on rank 0 only, or on stderr `everywhere`.
+    """Print `message` once per process: on rank 0, or stderr `everywhere`.
 
     Defined in :numref:`sec_d2l_package`"""
     # Launchers give every process of a job its rank; a report from each of
@@ -3383,7 +3182,7 @@ def _say_once(message, everywhere=False):
             print(message)
 
 def _unpack_and_check(path, name, raw):
-    """Unpack `raw` bytes read from `path` and verify them against the known hash.
+    """Unpack `raw` bytes read from `path`, verify them against the hash.
 
     Defined in :numref:`sec_d2l_package`"""
     expected = FASHION_MNIST_SHA256[name]
@@ -3402,7 +3201,7 @@ def _unpack_and_check(path, name, raw):
     return data
 
 def _find_idx_file(name, search):
-    """Path of the first copy of `name` (packed or not) in `search`, or None.
+    """Path of the first copy of `name` (packed or not) in `search`; None.
 
     Defined in :numref:`sec_d2l_package`"""
     for folder in search:
@@ -3414,8 +3213,32 @@ def _find_idx_file(name, search):
 
 DOWNLOAD_WAIT_S = 600  # how long to wait for another process's download
 
+def _lock_or_wait(file, path):
+    """Lock the open `file` at `path`; wait at most DOWNLOAD_WAIT_S for it.
+
+    Defined in :numref:`sec_d2l_package`"""
+    import fcntl
+    deadline = time.monotonic() + DOWNLOAD_WAIT_S
+    while True:
+        try:
+            fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            pass
+        if time.monotonic() > deadline:
+            file.close()
+            raise DatasetError(
+                f'another process has held {path} for '
+                f'{DOWNLOAD_WAIT_S} s without finishing its download; '
+                f'stop it, or set D2L_DATA_DIR to a folder that holds '
+                f'the four Fashion-MNIST files')
+        _say_once(f'Waiting for another process to download into '
+                  f'{os.path.dirname(path)} (at most '
+                  f'{DOWNLOAD_WAIT_S} s)', everywhere=True)
+        time.sleep(0.2)
+
 class _FileLock:
-    """Hold an exclusive lock on `path`; wait at most DOWNLOAD_WAIT_S for it."""
+    """Hold an exclusive lock on `path`; wait at most DOWNLOAD_WAIT_S."""
     def __init__(self, path):
         """Defined in :numref:`sec_d2l_package`"""
         self.path = path
@@ -3423,27 +3246,11 @@ class _FileLock:
     def __enter__(self):
         self.file = open(self.path, 'a')
         try:
-            import fcntl
-        except ImportError:  # Windows: no lock, but atomic renames keep files whole
+            import fcntl  # noqa: F401 (whether this system has locks)
+        except ImportError:  # Windows: no lock, but renames keep files whole
             return self
-        deadline = time.monotonic() + DOWNLOAD_WAIT_S
-        while True:
-            try:
-                fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return self
-            except BlockingIOError:
-                pass
-            if time.monotonic() > deadline:
-                self.file.close()
-                raise DatasetError(
-                    f'another process has held {self.path} for '
-                    f'{DOWNLOAD_WAIT_S} s without finishing its download; '
-                    f'stop it, or set D2L_DATA_DIR to a folder that holds '
-                    f'the four Fashion-MNIST files')
-            _say_once(f'Waiting for another process to download into '
-                      f'{os.path.dirname(self.path)} (at most '
-                      f'{DOWNLOAD_WAIT_S} s)', everywhere=True)
-            time.sleep(0.2)
+        _lock_or_wait(self.file, self.path)
+        return self
 
     def __exit__(self, *exc):
         # Removing the file while holding it is safe: a process that wakes up
@@ -3486,7 +3293,7 @@ def _write_atomically(path, raw):
     return path
 
 def _download_fashion_mnist(name, target_dir):
-    """Fetch `name`.gz from the mirror into `target_dir`, verified, written atomically.
+    """Fetch `name`.gz into `target_dir`, verified, written atomically.
 
     Defined in :numref:`sec_d2l_package`"""
     url = os.environ.get('D2L_FASHION_MNIST_MIRROR',
@@ -3545,7 +3352,7 @@ def read_idx_file(name):
                             offset=4 + 4 * ndim).reshape(shape)
 
 def balanced_subset(labels, per_class):
-    """Indices of the first `per_class` examples of each class, in file order.
+    """Indices of the first `per_class` examples of each class (file order).
 
     Defined in :numref:`sec_d2l_package`"""
     _check_positive_int(per_class, 'per_class')
@@ -3554,7 +3361,7 @@ def balanced_subset(labels, per_class):
     return sorted(i for pick in picks for i in pick)
 
 def subset_per_class():
-    """Images per class {'train': n, 'test': m} from D2L_SUBSET, or None for all.
+    """Images per class {'train': n, 'test': m} from D2L_SUBSET; None: all.
 
     Defined in :numref:`sec_d2l_package`"""
     flag = os.environ.get('D2L_SUBSET', '').strip()
@@ -3570,7 +3377,7 @@ def subset_per_class():
 _FASHION_MNIST_CACHE = {}
 
 def fashion_mnist_arrays(split, quick):
-    """Images (float32, N x 1 x 28 x 28, in [0, 1]) and labels (int64) of `split`.
+    """`split`'s images (float32, N x 1 x 28 x 28, in [0, 1]), int64 labels.
 
     Defined in :numref:`sec_d2l_package`"""
     if split not in ('train', 'test'):
@@ -3628,7 +3435,7 @@ class ArrayDataset(paddle.io.Dataset):
         return len(self.arrays[0])
 
 def _collate_resized(batch, size):
-    """Stack (image, label) pairs into a minibatch, resizing images if asked.
+    """Stack (image, label) pairs into a minibatch, resizing if asked.
 
     Defined in :numref:`sec_d2l_package`"""
     X = paddle.to_tensor(np.stack([x for x, _ in batch]))
@@ -3636,3 +3443,259 @@ def _collate_resized(batch, size):
     if size is not None:
         X = F.interpolate(X, size=size, mode='bilinear', align_corners=False)
     return X, y
+
+_rank_report_dir = None  # set in the processes that spawn_ranks starts
+
+def _record_rank_failure(rank):
+    """In a process of spawn_ranks, record the exception handled, if first.
+
+    Defined in :numref:`sec_d2l_package`"""
+    if _rank_report_dir is None:
+        return
+    path = os.path.join(_rank_report_dir, f'rank{rank}.error')
+    if not os.path.exists(path):  # the first error is the cause
+        with open(path + '.part', 'w') as f:
+            f.write(f'{time.time()!r}\n{traceback.format_exc()}')
+        os.replace(path + '.part', path)  # readers never see half a file
+
+def _collect_results(out_dir, world_size):
+    """The results that the ranks of spawn_ranks stored, by rank.
+
+    Defined in :numref:`sec_d2l_package`"""
+    results = []
+    for rank in range(world_size):
+        with open(os.path.join(out_dir, f'rank{rank}.pkl'), 'rb') as f:
+            results.append(pickle.load(f))
+    return results
+
+def _check_worker(worker, args):
+    """Fail early, in this process, if spawned processes could not import `worker` or unpickle `args`.
+
+    Defined in :numref:`sec_d2l_package`"""
+    if not callable(worker):
+        raise TypeError(f'worker must be a function, got {worker!r}')
+    main = sys.modules.get('__main__')
+    if getattr(worker, '__module__', None) == '__main__' and \
+            not hasattr(main, '__file__'):
+        raise ValueError(
+            f'worker {worker.__name__} is defined in this notebook or '
+            f'interpreter session, which new processes cannot import: save it '
+            f'in a module (as the book saves its workers in d2l) and pass that')
+    for name, value in (('worker', worker), ('args', args)):
+        try:
+            pickle.dumps(value)
+        except Exception as err:
+            raise ValueError(
+                f'{name} cannot be sent to new processes ({err}); use a '
+                f'function defined at the top level of a module and '
+                f'arguments that pickle') from None
+
+@contextlib.contextmanager
+def _quiet_logger(name):
+    """Hide the informational and warning records of logger `name` in the body of a `with` block.
+
+    Defined in :numref:`sec_d2l_package`"""
+    logger = logging.getLogger(name)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+def _start_rank(rank, out_dir, parent_pid):
+    """Prepare a spawned process: log to out_dir, die with the parent.
+
+    Defined in :numref:`sec_d2l_package`"""
+    global _rank_report_dir
+    _rank_report_dir = out_dir
+    log = os.open(os.path.join(out_dir, f'rank{rank}.log'),
+                  os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    for stream in (1, 2):  # C++ log lines and dumps bypass sys.stdout/stderr
+        os.dup2(log, stream)
+    os.close(log)
+    if sys.platform.startswith('linux'):
+        import ctypes
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+    if os.getppid() != parent_pid:  # the parent died before we asked
+        os._exit(1)
+    beat = os.path.join(out_dir, f'rank{rank}.alive')
+    open(beat, 'w').close()
+    threading.Thread(target=_heartbeat, args=(beat,), daemon=True).start()
+
+def _finish_rank(rank, out_dir, result):
+    """Store the result of a worker where spawn_ranks collects it.
+
+    Defined in :numref:`sec_d2l_package`"""
+    with open(os.path.join(out_dir, f'rank{rank}.pkl.part'), 'wb') as f:
+        pickle.dump(result, f)
+    os.replace(os.path.join(out_dir, f'rank{rank}.pkl.part'),
+               os.path.join(out_dir, f'rank{rank}.pkl'))
+
+def _rank_failure(out_dir, world_size, exit_codes):
+    """The error to raise for a failed group, given the ranks' exit codes.
+
+    Defined in :numref:`sec_d2l_package`"""
+    killed = [rank for rank, code in enumerate(exit_codes)
+              if code is not None and code < 0 and -code != signal.SIGABRT]
+    written = []
+    for rank in range(world_size):
+        path = os.path.join(out_dir, f'rank{rank}.error')
+        if os.path.exists(path):
+            with open(path) as f:
+                when, trace = f.read().split('\n', 1)
+            written.append((float(when), rank, trace))
+    if written and not killed:
+        _, rank, trace = min(written)
+        return RuntimeError(f'rank {rank} of {world_size} failed:\n{trace}')
+    rank = killed[0] if killed else next(
+        r for r, code in enumerate(exit_codes) if code not in (None, 0))
+    code = exit_codes[rank]
+    how = (f'signal {signal.Signals(-code).name}' if code < 0
+           else f'exit code {code}')
+    message = (f'rank {rank} of {world_size} died ({how}) without a Python '
+               f'error')
+    log = os.path.join(out_dir, f'rank{rank}.log')
+    if os.path.exists(log):
+        with open(log, errors='replace') as f:
+            tail = f.read()[-3000:]
+        message += f'.\nThe end of its output:\n{tail}'
+    return RuntimeError(message)
+
+def _stop_processes(processes, grace_s=3.0):
+    """Terminate running processes, kill those that ignore it, reap all.
+
+    Defined in :numref:`sec_d2l_package`"""
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+    deadline = time.monotonic() + grace_s
+    for process in processes:
+        process.join(max(0.0, deadline - time.monotonic()))
+        if process.is_alive():
+            process.kill()
+            process.join()
+
+def _join_ranks(context, out_dir, world_size, silence_s, servers=()):
+    """Wait for the processes of spawn_ranks; stop them all if one fails.
+
+    Defined in :numref:`sec_d2l_package`"""
+    # or if a rank falls silent, or on an interrupt or SIGTERM
+    def on_sigterm(signum, frame):
+        raise SystemExit(128 + signum)  # unwinds through the clean-up below
+
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = in_main_thread and signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        codes = _wait_for_ranks(context.processes, out_dir, silence_s,
+                                servers)
+    finally:  # KeyboardInterrupt, SystemExit from SIGTERM, a silent rank
+        _stop_processes([*context.processes, *servers])
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, previous)
+    if codes is not None:
+        raise _rank_failure(out_dir, world_size, codes) from None
+
+def _heartbeat(path):
+    """Touch the file at `path` every second, as a sign of life for spawn_ranks.
+
+    Defined in :numref:`sec_d2l_package`"""
+    while True:
+        os.utime(path)
+        time.sleep(1.0)
+
+def _wait_for_ranks(processes, out_dir, silence_s, servers=()):
+    """Wait until all ranks end well (None) or one fails (their exit codes); raise if one falls silent or a server ends.
+
+    Defined in :numref:`sec_d2l_package`"""
+    seen, checked = {}, time.monotonic()  # rank: (heartbeat, when it changed)
+    while True:
+        codes = [process.exitcode for process in processes]
+        if all(code == 0 for code in codes):
+            return None
+        for server in servers:  # MXNet's: they end well after the workers
+            if server.exitcode not in (None, 0):
+                raise RuntimeError(
+                    f'a parameter-server process ended (exit code '
+                    f'{server.exitcode}) while the workers still ran')
+        if any(code not in (None, 0) for code in codes):
+            # A peer's death may show a moment after the error it caused.
+            running = [p.sentinel for p in processes if p.exitcode is None]
+            if running:
+                multiprocessing.connection.wait(running, 0.5)
+            return [process.exitcode for process in processes]
+        now = time.monotonic()
+        if now - checked > 5:  # this process was stopped or suspended too
+            seen = {}
+        checked = now
+        for rank, code in enumerate(codes):
+            path = os.path.join(out_dir, f'rank{rank}.alive')
+            if code is not None or not os.path.exists(path):
+                continue  # ended well, or not started yet
+            beat = os.stat(path).st_mtime_ns
+            if seen.get(rank, (None,))[0] != beat:
+                seen[rank] = (beat, now)
+            elif silence_s and now - seen[rank][1] > silence_s:
+                raise RuntimeError(
+                    f'rank {rank} of {len(processes)} showed no sign of life '
+                    f'for {silence_s:g} s (stopped, or hung holding Python\'s '
+                    f'lock), so all ranks were stopped; if it needs longer, '
+                    f'pass a larger silence_s to spawn_ranks')
+        multiprocessing.connection.wait(
+            [p.sentinel for p in [*processes, *servers]], 0.2)
+
+def _group_from_env(rank, world_size, init_method):
+    """Check a rank and world size against the group that spawn or launch described in the environment.
+
+    Defined in :numref:`sec_d2l_package`"""
+    if 'PADDLE_TRAINER_ID' not in os.environ:
+        raise RuntimeError(
+            'no process group is described in the environment: run this code '
+            'in a process started by d2l.spawn_ranks, paddle.distributed.spawn '
+            'or python -m paddle.distributed.launch')
+    given = (_int_from_env('PADDLE_TRAINER_ID', 0),
+             _int_from_env('PADDLE_TRAINERS_NUM', 1))
+    if (rank, world_size) != given:
+        raise ValueError(f'rank {rank} of world_size {world_size} does not '
+                         f'match the environment, which says rank {given[0]} '
+                         f'of {given[1]}')
+    if init_method != 'env://':
+        raise ValueError(f"init_method must be 'env://' in PaddlePaddle, which "
+                         f'reads the rendezvous from the environment; got '
+                         f'{init_method!r}')
+    hosts = os.environ.get('PADDLE_TRAINER_ENDPOINTS', '').split(',')
+    if all(_is_loopback(host.rsplit(':', 1)[0]) for host in hosts):
+        os.environ['GLOO_SOCKET_IFNAME'] = _loopback_interface()
+
+def _set_group_timeout(timeout_s, device):
+    """Give an NCCL group `timeout_s` or a launcher's --timeout; refuse one for Gloo, which has none.
+
+    Defined in :numref:`sec_d2l_package`"""
+    if timeout_s is None and ddp_backend(device) == 'nccl':
+        timeout_s = _launcher_timeout_s
+    if timeout_s is not None:
+        if ddp_backend(device) != 'nccl':
+            raise ValueError("timeout_s must be None on the CPU: PaddlePaddle's "
+                             'Gloo group has no timeout')
+        os.environ['PADDLE_PG_TIMEOUT'] = str(int(timeout_s * 1000))
+
+@contextlib.contextmanager
+def _quiet_paddle_children():
+    """Keep PaddlePaddle's start-up notices and informational C++ logs out of the parent's output.
+
+    Defined in :numref:`sec_d2l_package`"""
+    quiet = {'GLOG_minloglevel': '2',  # read when a child imports paddle
+             'PYTHONWARNINGS': 'ignore::UserWarning'}
+    saved = {name: os.environ.get(name) for name in quiet}
+    os.environ.update(quiet)
+    try:
+        with warnings.catch_warnings():
+            # spawn says once per call that a CPU build trains on the CPU.
+            warnings.filterwarnings('ignore', message='.*CPUONLY')
+            yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
