@@ -127,3 +127,26 @@ def test_code_and_plain_words_are_not_lab_notebook():
             'the batch bigger; results here agree with :numref:`sec_x`.\n\n'
             '```{.python .input}\nos.environ["NCCL_DEBUG"] = "INFO"  # make bench\n```\n')
     assert lab_notebook_passages(text) == []
+
+
+def test_every_visible_code_line_and_cell_fits_its_box():
+    """No shown code line over 79 characters, no shown cell over 30 lines."""
+    import runpy
+    fit = runpy.run_path(str(ROOT / 'scripts' / 'code_fit.py'))
+    assert list(fit['problems']()) == []
+
+
+def test_a_line_or_cell_too_long_is_found(tmp_path):
+    import runpy
+    fit = runpy.run_path(str(ROOT / 'scripts' / 'code_fit.py'))
+    (tmp_path / 'chapter_multi_gpu').mkdir()
+    (tmp_path / 'chapter_appendix').mkdir()
+    (tmp_path / 'chapter_appendix' / 'd2l-package.md').write_text('')
+    (tmp_path / 'chapter_multi_gpu' / 'page.md').write_text(
+        '```{.python .input}\n#@tab all\n#@save\n' + 'x = 1\n' * 31 +
+        '```\n\n```{.python .input}\ny = "' + 'a' * 80 + '"\n```\n'
+        '\n```{.python .input}\n#@hide\nz = "' + 'b' * 80 + '"\n```\n')
+    fit['problems'].__globals__['ROOT'] = tmp_path
+    assert list(fit['problems']()) == [
+        'chapter_multi_gpu/page.md:1: cell of 31 lines',
+        'chapter_multi_gpu/page.md:38: line of 86 characters']  # not hidden
