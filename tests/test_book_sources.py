@@ -150,3 +150,28 @@ def test_a_line_or_cell_too_long_is_found(tmp_path):
     assert list(fit['problems']()) == [
         'chapter_multi_gpu/page.md:1: cell of 31 lines',
         'chapter_multi_gpu/page.md:38: line of 86 characters']  # not hidden
+
+
+def labels_taken_as_table_captions(text):
+    """Lines of `:label:` marks that pandoc would read as the next table's caption."""
+    lines = list(prose_lines(text))
+    found = []
+    for i, (number, line) in enumerate(lines):
+        if not line.startswith(':label:'):
+            continue
+        rest = [l for _, l in lines[i + 1:i + 4] if l.strip()]
+        if rest and rest[0].lstrip().startswith('|'):
+            found.append(number)
+    return found
+
+
+@pytest.mark.parametrize('page', PAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_every_label_names_its_figure_not_the_next_table(page):
+    """A `: text` line before a table is pandoc's table caption: the label is lost."""
+    assert labels_taken_as_table_captions(page.read_text()) == []
+
+
+def test_a_label_above_a_table_is_found():
+    text = ('![A figure](../img/x.svg)\n:label:`fig_x`\n\n| a | b |\n|:--|:--|\n'
+            '| 1 | 2 |\n\n![Another](../img/y.svg)\n:label:`fig_y`\n\nText.\n')
+    assert labels_taken_as_table_captions(text) == [2]
