@@ -1634,31 +1634,6 @@ def pipeline_schedule(kind, num_stages, num_microbatches):
         orders.append(order + [('B', i) for i in range(m - ahead, m)])
     return _interleave(orders)
 
-def _needs(stage, op, i, num_stages):
-    """The steps that must run before step (stage, op, i).
-
-    Defined in :numref:`sec_pipeline`"""
-    if op == 'F':
-        return [(stage - 1, 'F', i)] if stage > 0 else []
-    after = [(stage + 1, 'B', i)] if stage < num_stages - 1 else []
-    return [(stage, 'F', i)] + after
-
-def _interleave(orders):
-    """The stages' orders as one list, each stage stepping when it can.
-
-    Defined in :numref:`sec_pipeline`"""
-    done, schedule, p = set(), [], len(orders)
-    while any(orders):
-        ready = [(s, *order[0]) for s, order in enumerate(orders)
-                 if order and all(n in done for n in _needs(s, *order[0], p))]
-        if not ready:
-            raise ValueError('the stages wait on each other')
-        for step in ready:
-            orders[step[0]].pop(0)
-        done.update(ready)
-        schedule += ready
-    return schedule
-
 def check_schedule(schedule, num_stages, num_microbatches):
     """Refuse a schedule that misses, repeats or misorders a step.
 
@@ -1720,15 +1695,6 @@ def _backward(x, out, grad):
     _sync(x.grad)
     return x.grad
 
-def _check_stage_number(stage, num_stages):
-    """Refuse a stage outside 0..num_stages-1, naming both.
-
-    Defined in :numref:`sec_pipeline`"""
-    if not (_is_int(stage) and _is_int(num_stages)
-            and 0 <= stage < num_stages):
-        raise ValueError(f'stage must lie in 0..num_stages-1, got stage='
-                         f'{stage!r} and num_stages={num_stages!r}')
-
 def run_stage(layers, stage, num_stages, steps, Xs, ys, device, send, recv):
     """Run one stage's steps (op, micro-batch); times, peak bytes, loss.
 
@@ -1771,34 +1737,6 @@ def split_microbatches(X, y, num_microbatches):
     sizes = shard_sizes(X.shape[0], num_microbatches)
     parts = [(sum(sizes[:j]), sum(sizes[:j + 1])) for j in range(len(sizes))]
     return [X[lo:hi] for lo, hi in parts], [y[lo:hi] for lo, hi in parts]
-
-def _queue_link(num_stages, num_microbatches, timeout_s, failed):
-    """send and recv between stage threads: a queue per message.
-
-    Defined in :numref:`sec_pipeline`"""
-    boxes = {(s, op, i): queue.Queue() for s in range(num_stages)
-             for op in 'FB' for i in range(num_microbatches)}
-    send = lambda stage, op, i, x: boxes[stage, op, i].put(x)
-    def recv(source, op, i):
-        me = source + 1 if op == 'F' else source - 1
-        deadline = time.monotonic() + timeout_s
-        while not failed.is_set() and time.monotonic() < deadline:
-            try:
-                return boxes[me, op, i].get(timeout=0.05)
-            except queue.Empty:
-                pass
-        raise TimeoutError(f'stage {me} waited for {op} of micro-batch {i} '
-                           f'from stage {source}: ' + ('another stage failed'
-                           if failed.is_set() else f'over {timeout_s:g} s'))
-    return send, recv
-
-def _merge(records):
-    """One run's record from its stages' records.
-
-    Defined in :numref:`sec_pipeline`"""
-    return {'times': sorted(t for r in records for t in r['times']),
-            'peak_bytes': [r['peak_bytes'] for r in records],
-            'loss': records[-1]['loss']}
 
 def run_pipeline(stages, schedule, X, y, num_microbatches, timeout_s=60.0):
     """Run `schedule` with a thread per stage; times, peak bytes, loss.
@@ -1845,31 +1783,6 @@ def time_pipeline(runs, num_stages, X, y, depth, width, timeout_s=60.0):
         grads = [g for layers in stages for g in _grads(layers)]
     records[-1]['grads'] = grads
     return records
-
-def _check_pipeline_runs(runs, num_stages, X, y, depth, width):
-    """Refuse bad runs or sizes for time_pipeline before anything starts.
-
-    Defined in :numref:`sec_pipeline`"""
-    _check_positive_int(depth, 'depth')
-    _check_positive_int(width, 'width')
-    split_stages(range(depth), num_stages)  # enough blocks for the stages
-    if not isinstance(runs, (list, tuple)) or not runs:
-        raise ValueError('runs must list (schedule, num_microbatches) pairs')
-    for schedule, m in runs:
-        check_schedule(schedule, num_stages, m)
-        split_microbatches(X, y, m)  # enough examples
-
-def _stage_shapes(stages, x):
-    """The shape of each stage's output for the input x.
-
-    Defined in :numref:`sec_pipeline`"""
-    shapes = []
-    with _no_grad():
-        for layers in stages:
-            for layer in layers:
-                x = layer(x)
-            shapes.append(tuple(x.shape))
-    return shapes
 
 def idle_fraction(times):
     """Share of the stages' time in a run that no step used.
@@ -1934,91 +1847,6 @@ class _SumOverRanks(autograd.Function):
 
     def backward(self, grad):
         return grad.copy()
-
-def _check_arrangement(allreduce, kind, shape, checksum):
-    """Raise on every rank unless all build one layer from one model.
-
-    Defined in :numref:`sec_tensor_parallelism`"""
-    table = numpy.zeros((allreduce.size, 4), 'float32')
-    table[allreduce.rank] = [kind, *shape, checksum]
-    mine = _from_numpy(table)
-    found = _to_numpy(allreduce(mine, 'check'))
-    names = {1: 'ColumnParallelLinear', 2: 'RowParallelLinear'}
-    def describe(row):
-        return f'{names[int(row[0])]}({int(row[1])}, {int(row[2])})'
-
-    for rank, row in enumerate(found):
-        if not numpy.array_equal(row[:3], found[0][:3]):
-            raise ValueError(
-                f'rank {rank} builds {describe(row)} where rank 0 builds '
-                f'{describe(found[0])}: every rank must build the same '
-                f'layers in the same order')
-        if not numpy.isclose(row[3], found[0][3], rtol=1e-5):
-            raise ValueError(
-                f'rank {rank} builds {describe(row)} from other weights than '
-                f'rank 0 (weight sums {row[3]:.4f} and {found[0][3]:.4f}): '
-                f'build every rank\'s layers from the same model')
-
-def _check_row_input(got, expected, k):
-    """Raise unless a row-parallel layer's input has its slice's columns.
-
-    Defined in :numref:`sec_tensor_parallelism`"""
-    if got != expected:
-        raise ValueError(
-            f"RowParallelLinear expects this rank's {expected} hidden units, "
-            f'got {got}: feed it the output of a ColumnParallelLinear over '
-            f'the same {k} ranks')
-
-def _check_mlp_sizes(d, hidden, seed):
-    """Reject sizes below 1 and seeds below 0, naming the argument.
-
-    Defined in :numref:`sec_tensor_parallelism`"""
-    for name, value, least in (('d', d, 1), ('hidden', hidden, 1),
-                               ('seed', seed, 0)):
-        _check_count(value, name, least)
-
-def _check_mesh(dp, tp, world_size):
-    """Reject a mesh whose dp x tp ranks are not the world's.
-
-    Defined in :numref:`sec_tensor_parallelism`"""
-    if dp * tp != world_size:
-        raise ValueError(f'dp x tp must equal the {world_size} ranks of the '
-                         f'world, got dp={dp} and tp={tp}')
-
-def _tp_slice(n, allreduce):
-    """The slice of `n` features that this rank keeps.
-
-    Defined in :numref:`sec_tensor_parallelism`"""
-    sizes = shard_sizes(n, allreduce.size)
-    lo = sum(sizes[:allreduce.rank])
-    return slice(lo, lo + sizes[allreduce.rank])
-
-_from_numpy = np.array
-_to_numpy = lambda x: x.asnumpy()
-_stores = []  # a process joins its dist_sync job once
-
-def _dist_store():
-    """This worker's dist_sync key-value store, created on first use.
-
-    Defined in :numref:`sec_tensor_parallelism`"""
-    if not _stores:
-        _stores.append(mx.kv.create('dist_sync'))
-    return _stores[0]
-
-def _group(rank, world_size, init_method):
-    """MXNet's workers form no group: their store connects them.
-
-    Defined in :numref:`sec_tensor_parallelism`"""
-    return contextlib.nullcontext()
-
-def _parameter(block, name, value):
-    """A parameter `name` of `block` holding a copy of the array `value`.
-
-    Defined in :numref:`sec_tensor_parallelism`"""
-    param = block.params.get(name, shape=value.shape)
-    param.initialize(ctx=value.ctx)
-    param.set_data(value.copy())
-    return param
 
 class ColumnParallelLinear(nn.Block):
     """This rank's block of the output columns of the linear layer `linear`.
@@ -2105,13 +1933,6 @@ def mlp_data(batch_size, d, seed=0):
     return [_from_numpy(rng.standard_normal((batch_size, d)).astype('float32'))
             for _ in range(2)]
 
-def _shard_axes(net):
-    """For each parameter of `net`, the axis its slices are cut along.
-
-    Defined in :numref:`sec_tensor_parallelism`"""
-    return [axis for i in range(len(net))
-            for axis in getattr(net[i], 'shard_axes', ())]
-
 def _tp_mlp_worker(rank, world_size, init_method, d, hidden, batch_size):
     """Worker: one pass of the tensor-parallel MLP block; results and bytes.
 
@@ -2129,25 +1950,6 @@ def gather_shards(results, key='grads'):
     return [results[0][key][i] if axis is None else
             numpy.concatenate([r[key][i] for r in results], axis)
             for i, axis in enumerate(results[0]['axes'])]
-
-def _tp_wrong_worker(rank, world_size, init_method, d, hidden):
-    """Worker: three wrong arrangements of the MLP block; the errors raised.
-
-    Defined in :numref:`sec_tensor_parallelism`"""
-    with _group(rank, world_size, init_method):
-        allreduce, mlp, errors = CountingAllreduce(), block_mlp(d, hidden), []
-        X, _ = mlp_data(4, d)
-        mistakes = [
-            lambda: ColumnParallelLinear(mlp[0], allreduce) if rank == 0
-            else RowParallelLinear(mlp[2], allreduce),
-            lambda: RowParallelLinear(mlp[2], allreduce)(mlp[1](mlp[0](X))),
-            lambda: tp_mlp(block_mlp(d, hidden, seed=rank), allreduce)]
-        for mistake in mistakes:
-            try:
-                mistake()
-            except ValueError as error:
-                errors.append(str(error))
-        return errors
 
 def mesh_allreduces(dp, tp):
     """This worker's (data, tensor) CountingAllreduce in a dp x tp mesh.
@@ -3255,3 +3057,201 @@ def _serve(role, env, log_path, parent_pid):
         os._exit(1)
     os.environ.update(env, DMLC_ROLE=role)
     os.execv(sys.executable, [sys.executable, '-c', 'import mxnet'])
+
+def _needs(stage, op, i, num_stages):
+    """The steps that must run before step (stage, op, i).
+
+    Defined in :numref:`sec_parallelism_machinery`"""
+    if op == 'F':
+        return [(stage - 1, 'F', i)] if stage > 0 else []
+    after = [(stage + 1, 'B', i)] if stage < num_stages - 1 else []
+    return [(stage, 'F', i)] + after
+
+def _interleave(orders):
+    """The stages' orders as one list, each stage stepping when it can.
+
+    Defined in :numref:`sec_parallelism_machinery`"""
+    done, schedule, p = set(), [], len(orders)
+    while any(orders):
+        ready = [(s, *order[0]) for s, order in enumerate(orders)
+                 if order and all(n in done for n in _needs(s, *order[0], p))]
+        if not ready:
+            raise ValueError('the stages wait on each other')
+        for step in ready:
+            orders[step[0]].pop(0)
+        done.update(ready)
+        schedule += ready
+    return schedule
+
+def _check_stage_number(stage, num_stages):
+    """Refuse a stage outside 0..num_stages-1, naming both.
+
+    Defined in :numref:`sec_parallelism_machinery`"""
+    if not (_is_int(stage) and _is_int(num_stages)
+            and 0 <= stage < num_stages):
+        raise ValueError(f'stage must lie in 0..num_stages-1, got stage='
+                         f'{stage!r} and num_stages={num_stages!r}')
+
+def _check_pipeline_runs(runs, num_stages, X, y, depth, width):
+    """Refuse bad runs or sizes for time_pipeline before anything starts.
+
+    Defined in :numref:`sec_parallelism_machinery`"""
+    _check_positive_int(depth, 'depth')
+    _check_positive_int(width, 'width')
+    split_stages(range(depth), num_stages)  # enough blocks for the stages
+    if not isinstance(runs, (list, tuple)) or not runs:
+        raise ValueError('runs must list (schedule, num_microbatches) pairs')
+    for schedule, m in runs:
+        check_schedule(schedule, num_stages, m)
+        split_microbatches(X, y, m)  # enough examples
+
+def _stage_shapes(stages, x):
+    """The shape of each stage's output for the input x.
+
+    Defined in :numref:`sec_parallelism_machinery`"""
+    shapes = []
+    with _no_grad():
+        for layers in stages:
+            for layer in layers:
+                x = layer(x)
+            shapes.append(tuple(x.shape))
+    return shapes
+
+def _queue_link(num_stages, num_microbatches, timeout_s, failed):
+    """send and recv between stage threads: a queue per message.
+
+    Defined in :numref:`sec_parallelism_machinery`"""
+    boxes = {(s, op, i): queue.Queue() for s in range(num_stages)
+             for op in 'FB' for i in range(num_microbatches)}
+    send = lambda stage, op, i, x: boxes[stage, op, i].put(x)
+    def recv(source, op, i):
+        me = source + 1 if op == 'F' else source - 1
+        deadline = time.monotonic() + timeout_s
+        while not failed.is_set() and time.monotonic() < deadline:
+            try:
+                return boxes[me, op, i].get(timeout=0.05)
+            except queue.Empty:
+                pass
+        raise TimeoutError(f'stage {me} waited for {op} of micro-batch {i} '
+                           f'from stage {source}: ' + ('another stage failed'
+                           if failed.is_set() else f'over {timeout_s:g} s'))
+    return send, recv
+
+def _merge(records):
+    """One run's record from its stages' records.
+
+    Defined in :numref:`sec_parallelism_machinery`"""
+    return {'times': sorted(t for r in records for t in r['times']),
+            'peak_bytes': [r['peak_bytes'] for r in records],
+            'loss': records[-1]['loss']}
+
+def _tp_slice(n, allreduce):
+    """The slice of `n` features that this rank keeps.
+
+    Defined in :numref:`sec_parallelism_machinery`"""
+    sizes = shard_sizes(n, allreduce.size)
+    lo = sum(sizes[:allreduce.rank])
+    return slice(lo, lo + sizes[allreduce.rank])
+
+def _shard_axes(net):
+    """For each parameter of `net`, the axis its slices are cut along.
+
+    Defined in :numref:`sec_parallelism_machinery`"""
+    return [axis for i in range(len(net))
+            for axis in getattr(net[i], 'shard_axes', ())]
+
+_from_numpy = np.array
+_to_numpy = lambda x: x.asnumpy()
+_stores = []  # a process joins its dist_sync job once
+
+def _dist_store():
+    """This worker's dist_sync key-value store, created on first use.
+
+    Defined in :numref:`sec_parallelism_machinery`"""
+    if not _stores:
+        _stores.append(mx.kv.create('dist_sync'))
+    return _stores[0]
+
+def _group(rank, world_size, init_method):
+    """MXNet's workers form no group: their store connects them.
+
+    Defined in :numref:`sec_parallelism_machinery`"""
+    return contextlib.nullcontext()
+
+def _parameter(block, name, value):
+    """A parameter `name` of `block` holding a copy of the array `value`.
+
+    Defined in :numref:`sec_parallelism_machinery`"""
+    param = block.params.get(name, shape=value.shape)
+    param.initialize(ctx=value.ctx)
+    param.set_data(value.copy())
+    return param
+
+def _check_arrangement(allreduce, kind, shape, checksum):
+    """Raise on every rank unless all build one layer from one model.
+
+    Defined in :numref:`sec_parallelism_machinery`"""
+    table = numpy.zeros((allreduce.size, 4), 'float32')
+    table[allreduce.rank] = [kind, *shape, checksum]
+    mine = _from_numpy(table)
+    found = _to_numpy(allreduce(mine, 'check'))
+    names = {1: 'ColumnParallelLinear', 2: 'RowParallelLinear'}
+    def describe(row):
+        return f'{names[int(row[0])]}({int(row[1])}, {int(row[2])})'
+
+    for rank, row in enumerate(found):
+        if not numpy.array_equal(row[:3], found[0][:3]):
+            raise ValueError(
+                f'rank {rank} builds {describe(row)} where rank 0 builds '
+                f'{describe(found[0])}: every rank must build the same '
+                f'layers in the same order')
+        if not numpy.isclose(row[3], found[0][3], rtol=1e-5):
+            raise ValueError(
+                f'rank {rank} builds {describe(row)} from other weights than '
+                f'rank 0 (weight sums {row[3]:.4f} and {found[0][3]:.4f}): '
+                f'build every rank\'s layers from the same model')
+
+def _check_row_input(got, expected, k):
+    """Raise unless a row-parallel layer's input has its slice's columns.
+
+    Defined in :numref:`sec_parallelism_machinery`"""
+    if got != expected:
+        raise ValueError(
+            f"RowParallelLinear expects this rank's {expected} hidden units, "
+            f'got {got}: feed it the output of a ColumnParallelLinear over '
+            f'the same {k} ranks')
+
+def _check_mlp_sizes(d, hidden, seed):
+    """Reject sizes below 1 and seeds below 0, naming the argument.
+
+    Defined in :numref:`sec_parallelism_machinery`"""
+    for name, value, least in (('d', d, 1), ('hidden', hidden, 1),
+                               ('seed', seed, 0)):
+        _check_count(value, name, least)
+
+def _check_mesh(dp, tp, world_size):
+    """Reject a mesh whose dp x tp ranks are not the world's.
+
+    Defined in :numref:`sec_parallelism_machinery`"""
+    if dp * tp != world_size:
+        raise ValueError(f'dp x tp must equal the {world_size} ranks of the '
+                         f'world, got dp={dp} and tp={tp}')
+
+def _tp_wrong_worker(rank, world_size, init_method, d, hidden):
+    """Worker: three wrong arrangements of the MLP block; the errors raised.
+
+    Defined in :numref:`sec_parallelism_machinery`"""
+    with _group(rank, world_size, init_method):
+        allreduce, mlp, errors = CountingAllreduce(), block_mlp(d, hidden), []
+        X, _ = mlp_data(4, d)
+        mistakes = [
+            lambda: ColumnParallelLinear(mlp[0], allreduce) if rank == 0
+            else RowParallelLinear(mlp[2], allreduce),
+            lambda: RowParallelLinear(mlp[2], allreduce)(mlp[1](mlp[0](X))),
+            lambda: tp_mlp(block_mlp(d, hidden, seed=rank), allreduce)]
+        for mistake in mistakes:
+            try:
+                mistake()
+            except ValueError as error:
+                errors.append(str(error))
+        return errors

@@ -175,3 +175,53 @@ def test_a_label_above_a_table_is_found():
     text = ('![A figure](../img/x.svg)\n:label:`fig_x`\n\n| a | b |\n|:--|:--|\n'
             '| 1 | 2 |\n\n![Another](../img/y.svg)\n:label:`fig_y`\n\nText.\n')
     assert labels_taken_as_table_captions(text) == [2]
+
+
+# Every page source at most MAX_PAGE_LINES lines. The pages below are still
+# longer while others shorten them: each may only shrink, never grow past its
+# count here, and leaves this list once it fits.
+MAX_PAGE_LINES = 800
+STILL_LONG = {
+    'chapter_multi_gpu/cost-model.md': 1129,
+    'chapter_multi_gpu/distributed-data-parallel.md': 805,
+    'chapter_multi_gpu/multiple-gpus-concise.md': 927,
+    'chapter_multi_gpu/multiple-gpus.md': 807,
+    'chapter_multi_gpu/process-groups.md': 961,
+}
+
+
+def length_problems(pages, limit=MAX_PAGE_LINES, still_long=STILL_LONG):
+    """A sentence for each page of PAGES ({name: text}) longer than allowed."""
+    problems = []
+    for name, text in sorted(pages.items()):
+        lines = len(text.splitlines())
+        allowed = still_long.get(name, limit)
+        if lines > allowed:
+            problems.append(f'{name} has {lines} lines, more than {allowed}: '
+                            f'shorten it or move machinery to an appendix')
+        elif name in still_long and lines <= limit:
+            problems.append(f'{name} has {lines} lines and fits: remove it '
+                            f'from STILL_LONG')
+    return problems
+
+
+def test_every_page_source_has_at_most_800_lines():
+    pages = {p.relative_to(ROOT).as_posix(): p.read_text() for p in PAGES}
+    assert set(STILL_LONG) <= set(pages), 'STILL_LONG names a missing page'
+    assert length_problems(pages) == []
+
+
+def test_an_over_long_page_is_found():
+    fits, long = 'x\n' * MAX_PAGE_LINES, 'x\n' * (MAX_PAGE_LINES + 1)
+    assert length_problems({'a.md': fits}) == []
+    assert length_problems({'a.md': long}) == [
+        'a.md has 801 lines, more than 800: shorten it or move machinery to '
+        'an appendix']
+    # A listed page may keep its count but not grow, and leaves once it fits.
+    assert length_problems({'a.md': long + 'x\n'}, still_long={'a.md': 802}) == []
+    assert length_problems({'a.md': long + 'x\n' * 2},
+                           still_long={'a.md': 802}) == [
+        'a.md has 803 lines, more than 802: shorten it or move machinery to '
+        'an appendix']
+    assert length_problems({'a.md': fits}, still_long={'a.md': 802}) == [
+        'a.md has 800 lines and fits: remove it from STILL_LONG']
