@@ -2993,10 +2993,15 @@ def _wait_for_ranks(processes, out_dir, silence_s, servers=()):
                     f'a parameter-server process ended (exit code '
                     f'{server.exitcode}) while the workers still ran')
         if any(code not in (None, 0) for code in codes):
-            # A peer's death may show a moment after the error it caused.
+            # A peer's death may show seconds after the error it caused: a
+            # killed process with many threads ends slowly on a busy machine.
+            deadline = time.monotonic() + 5
             running = [p.sentinel for p in processes if p.exitcode is None]
-            if running:
-                multiprocessing.connection.wait(running, 0.5)
+            while running and time.monotonic() < deadline:
+                multiprocessing.connection.wait(
+                    running, deadline - time.monotonic())
+                running = [p.sentinel for p in processes
+                           if p.exitcode is None]
             return [process.exitcode for process in processes]
         now = time.monotonic()
         if now - checked > 5:  # this process was stopped or suspended too

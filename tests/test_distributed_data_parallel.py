@@ -180,6 +180,9 @@ PAGES = [ROOT / 'chapter_multi_gpu' / name
          for name in ('process-groups.md', 'distributed-data-parallel.md')]
 
 
+DEMOS = ('_all_reduce_demo', '_skew_demo')  # a clean group, a failed one
+
+
 def multi_process_cells(tab):
     """Cells of both pages, in book order, that start processes."""
     return [code for page in PAGES for code in tab_cells(page, tab)
@@ -187,25 +190,29 @@ def multi_process_cells(tab):
 
 
 def run_in_one_kernel(tab, repeats, timeout_s=300):
-    """Run both pages' cells once (process groups first), then their
-    multi-process cells again `repeats - 1` times, all in one Jupyter kernel;
-    return the failures. (ResNet-18 training is on the next page.)"""
+    """Define both pages' helpers (process groups first), then run the
+    all-reduce and skew demonstrations `repeats` times, all in one Jupyter
+    kernel; return the failures. (The notebook check runs every cell once.)"""
     from jupyter_client.manager import start_new_kernel
-    setup = [code for page in PAGES for code in tab_cells(page, tab)]
+    cells = [code for page in PAGES for code in tab_cells(page, tab)]
+    setup = [code for code in cells
+             if '#@save' in code or 'ranks' not in code]
+    demos = [code for code in multi_process_cells(tab)
+             if any(name in code for name in DEMOS)]
     env = dict(scenario_env(), PYDEVD_DISABLE_FILE_VALIDATION='1')
     manager, client = start_new_kernel(kernel_name='python3', env=env,
                                        cwd=str(PAGES[0].parent))
     failures = []
     try:
-        for attempt in range(repeats):
-            for code in (setup if attempt == 0 else multi_process_cells(tab)):
-                reply = client.execute_interactive(code, timeout=timeout_s,
-                                                   output_hook=lambda msg: None)
-                if reply['content']['status'] != 'ok':
-                    failures.append((attempt, code.split('\n', 2)[:2],
-                                     reply['content'].get('ename'),
-                                     reply['content'].get('evalue', '')[:500]))
-                    break
+        for attempt, code in [(0, code) for code in setup] + [
+                (n, code) for n in range(repeats) for code in demos]:
+            reply = client.execute_interactive(code, timeout=timeout_s,
+                                               output_hook=lambda msg: None)
+            if reply['content']['status'] != 'ok':
+                failures.append((attempt, code.split('\n', 2)[:2],
+                                 reply['content'].get('ename'),
+                                 reply['content'].get('evalue', '')[:500]))
+                break
     finally:
         client.stop_channels()
         manager.shutdown_kernel(now=True)
@@ -220,8 +227,8 @@ def test_notebook_multi_process_cells_pass_repeatedly_in_one_kernel(ddp,
     # (SIGABRT), more often in a notebook kernel than in a script; and a
     # rank freeing the DDP model of a failed group could deadlock in Gloo.
     cells = multi_process_cells(framework)
-    assert any('_all_reduce_demo' in code for code in cells)  # process groups
-    assert any('_skew_demo' in code for code in cells)  # DDP
+    for name in DEMOS:  # process groups, DDP
+        assert any(name in code for code in cells), name
     repeats = int(os.environ.get('D2L_DDP_KERNEL_REPEATS', '2'))
     assert run_in_one_kernel(framework, repeats) == []
 
