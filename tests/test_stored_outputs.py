@@ -481,6 +481,26 @@ def test_nbval_compares_rounding_level_numbers_as_equal_and_real_differences_not
         assert real in nbval_sanitised(f'differs by {real}', tmp_path)
 
 
+def test_the_zip_check_skips_only_notebooks_this_build_ran_in_quick_mode(tmp_path):
+    """--skip-evaluated: no notebook runs twice in one environment, stored ones still run."""
+    spec = importlib.util.spec_from_file_location(
+        'check_notebook_zips', ROOT / 'scripts' / 'check_notebook_zips.py')
+    czip = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(czip)
+    seen = {}
+    for name, record in [('quick', {'source': 'evaluated', 'mode': 'quick'}),
+                         ('stored', {'source': 'stored', 'mode': 'full'}),
+                         ('full', {'source': 'evaluated', 'mode': 'full'}),
+                         ('bare', None)]:
+        nb = nbformat.v4.new_notebook()
+        if record:
+            nb.metadata[so.RECORD] = record
+        path = tmp_path / f'{name}.ipynb'
+        nbformat.write(nb, str(path))
+        seen[name] = czip.evaluated_here(path)
+    assert seen == {'quick': True, 'stored': False, 'full': False, 'bare': False}
+
+
 def stored_notebooks():
     return sorted((ROOT / so.STORE).rglob('*.ipynb'))
 
