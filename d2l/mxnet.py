@@ -74,27 +74,6 @@ def describe_devices(devices, num_asked=None, processes=False):
                 f'{"" if found == 1 else "s"} found: {line}')
     return f'{k} GPU{"" if k == 1 else "s"} ({found} found): {line}'
 
-def _pin_threads(core):
-    """Keep every thread of this process on core `core`, if the OS lets us.
-
-    Defined in :numref:`sec_helpers`"""
-    if not hasattr(os, 'sched_setaffinity'):  # macOS and Windows
-        return False
-    for thread in os.listdir('/proc/self/task'):
-        try:
-            os.sched_setaffinity(int(thread), {core})
-        except OSError:  # a thread that ended meanwhile
-            pass
-    return True
-
-def _usable_cores():
-    """The CPU cores this process may run on, in increasing order.
-
-    Defined in :numref:`sec_helpers`"""
-    if hasattr(os, 'sched_getaffinity'):
-        return sorted(os.sched_getaffinity(0))
-    return list(range(os.cpu_count() or 1))
-
 def use_one_core(local_rank):
     """Give this process one thread on core number `local_rank`; return it.
 
@@ -102,8 +81,7 @@ def use_one_core(local_rank):
     _check_count(local_rank, 'local_rank')
     cores = _usable_cores()
     core = cores[local_rank % len(cores)]
-    # MXNet fixes its thread count when imported: spawn_ranks starts the
-    # workers with OMP_NUM_THREADS=1.
+    _one_thread()
     _pin_threads(core)
     return core
 
@@ -2426,21 +2404,11 @@ def _compute_worker(rank, world_size, model, batch_size, num_steps, warmup,
     seconds = _alternating_rounds([lambda: steps(num_steps)], reps)
     return [[s / num_steps for s in row] for row in seconds]
 
-import contextlib
-import gzip
-import hashlib
-import http.client
 import math
 import numbers
 import os
 import sys
-import tempfile
-import time
-import urllib.error
-import urllib.request
 import mxnet as mx
-import numpy as onp
-from mxnet import np, npx
 
 def _is_int(value):
     """Whether `value` is an integer of any type, NumPy's too, but no bool.
@@ -2648,6 +2616,44 @@ def add_to_class(Class):
         setattr(Class, method.__name__, method)
     return attach
 
+def _pin_threads(core):
+    """Keep every thread of this process on core `core`, if the OS lets us.
+
+    Defined in :numref:`sec_d2l_package`"""
+    if not hasattr(os, 'sched_setaffinity'):  # macOS and Windows
+        return False
+    for thread in os.listdir('/proc/self/task'):
+        try:
+            os.sched_setaffinity(int(thread), {core})
+        except OSError:  # a thread that ended meanwhile
+            pass
+    return True
+
+def _usable_cores():
+    """The CPU cores this process may run on, in increasing order.
+
+    Defined in :numref:`sec_d2l_package`"""
+    if hasattr(os, 'sched_getaffinity'):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
+
+def _one_thread():
+    """Nothing to do: MXNet fixed its thread count when it was imported.
+
+    Defined in :numref:`sec_d2l_package`"""
+
+import gzip
+import hashlib
+import http.client
+import os
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import numpy as onp
+from mxnet import np, npx
+
 # Of the unpacked IDX bytes, so that any gzip wrapping verifies.
 FASHION_MNIST_SHA256 = {
     'train-images-idx3-ubyte':
@@ -2667,12 +2673,12 @@ FASHION_MNIST_SYSTEM_DIR = '/usr/share/datasets/fashion-mnist'
 class DatasetError(RuntimeError):
     """A dataset file is missing, damaged or cannot be downloaded.
 
-    Defined in :numref:`sec_d2l_package`"""
+    Defined in :numref:`sec_fashion_mnist_files`"""
 
 def fashion_mnist_dirs():
     """Folders searched for Fashion-MNIST, in order, and the download one.
 
-    Defined in :numref:`sec_d2l_package`"""
+    Defined in :numref:`sec_fashion_mnist_files`"""
     env_dir = os.environ.get('D2L_DATA_DIR', '').strip()
     env_dir = os.path.abspath(os.path.expanduser(env_dir)) if env_dir else ''
     cache_root = os.environ.get('XDG_CACHE_HOME', '').strip() or \
@@ -2688,7 +2694,7 @@ _SAID = set()
 def _say_once(message, everywhere=False):
     """Print `message` once per process: on rank 0, or stderr `everywhere`.
 
-    Defined in :numref:`sec_d2l_package`"""
+    Defined in :numref:`sec_fashion_mnist_files`"""
     # Launchers give every process of a job its rank; a report from each of
     # eight processes would bury the one that matters.
     rank = os.environ.get('RANK', os.environ.get('PADDLE_TRAINER_ID', '0'))
@@ -2702,7 +2708,7 @@ def _say_once(message, everywhere=False):
 def _unpack_and_check(path, name, raw):
     """Unpack `raw` bytes read from `path`, verify them against the hash.
 
-    Defined in :numref:`sec_d2l_package`"""
+    Defined in :numref:`sec_fashion_mnist_files`"""
     expected = FASHION_MNIST_SHA256[name]
     try:
         data = gzip.decompress(raw) if path.endswith('.gz') else raw
@@ -2721,7 +2727,7 @@ def _unpack_and_check(path, name, raw):
 def _find_idx_file(name, search):
     """Path of the first copy of `name` (packed or not) in `search`; None.
 
-    Defined in :numref:`sec_d2l_package`"""
+    Defined in :numref:`sec_fashion_mnist_files`"""
     for folder in search:
         for path in (os.path.join(folder, name + '.gz'),
                      os.path.join(folder, name)):
@@ -2734,7 +2740,7 @@ DOWNLOAD_WAIT_S = 600  # how long to wait for another process's download
 def _lock_or_wait(file, path):
     """Lock the open `file` at `path`; wait at most DOWNLOAD_WAIT_S for it.
 
-    Defined in :numref:`sec_d2l_package`"""
+    Defined in :numref:`sec_fashion_mnist_files`"""
     import fcntl
     deadline = time.monotonic() + DOWNLOAD_WAIT_S
     while True:
@@ -2758,7 +2764,7 @@ def _lock_or_wait(file, path):
 class _FileLock:
     """Hold an exclusive lock on `path`; wait at most DOWNLOAD_WAIT_S."""
     def __init__(self, path):
-        """Defined in :numref:`sec_d2l_package`"""
+        """Defined in :numref:`sec_fashion_mnist_files`"""
         self.path = path
 
     def __enter__(self):
@@ -2782,7 +2788,7 @@ class _FileLock:
 def _check_download_dir(name, target_dir):
     """Create `target_dir` for downloading `name`, or say why it cannot be.
 
-    Defined in :numref:`sec_d2l_package`"""
+    Defined in :numref:`sec_fashion_mnist_files`"""
     try:
         os.makedirs(target_dir, exist_ok=True)
         tempfile.TemporaryFile(dir=target_dir).close()  # may we write there?
@@ -2799,7 +2805,7 @@ def _check_download_dir(name, target_dir):
 def _write_atomically(path, raw):
     """Write `raw` to `path` by renaming a finished temporary file.
 
-    Defined in :numref:`sec_d2l_package`"""
+    Defined in :numref:`sec_fashion_mnist_files`"""
     tmp = f'{path}.part-{os.getpid()}'
     try:
         with open(tmp, 'wb') as f:
@@ -2813,7 +2819,7 @@ def _write_atomically(path, raw):
 def _download_fashion_mnist(name, target_dir):
     """Fetch `name`.gz into `target_dir`, verified, written atomically.
 
-    Defined in :numref:`sec_d2l_package`"""
+    Defined in :numref:`sec_fashion_mnist_files`"""
     url = os.environ.get('D2L_FASHION_MNIST_MIRROR',
                          FASHION_MNIST_MIRROR).rstrip('/') + f'/{name}.gz'
     remedies = (
@@ -2843,7 +2849,7 @@ def _download_fashion_mnist(name, target_dir):
 def read_idx_file(name):
     """Find, verify and parse one Fashion-MNIST IDX file into a NumPy array.
 
-    Defined in :numref:`sec_d2l_package`"""
+    Defined in :numref:`sec_fashion_mnist_files`"""
     if name not in FASHION_MNIST_SHA256:
         raise ValueError(f'name must be one of {sorted(FASHION_MNIST_SHA256)}'
                          f', got {name!r}')
@@ -2872,7 +2878,7 @@ def read_idx_file(name):
 def balanced_subset(labels, per_class):
     """Indices of the first `per_class` examples of each class (file order).
 
-    Defined in :numref:`sec_d2l_package`"""
+    Defined in :numref:`sec_fashion_mnist_files`"""
     _check_positive_int(per_class, 'per_class')
     picks = [(labels == c).nonzero()[0][:per_class].tolist()
              for c in sorted(set(labels.tolist()))]
@@ -2881,7 +2887,7 @@ def balanced_subset(labels, per_class):
 def subset_per_class():
     """Images per class {'train': n, 'test': m} from D2L_SUBSET; None: all.
 
-    Defined in :numref:`sec_d2l_package`"""
+    Defined in :numref:`sec_fashion_mnist_files`"""
     flag = os.environ.get('D2L_SUBSET', '').strip()
     if not flag:
         return None
@@ -2897,7 +2903,7 @@ _FASHION_MNIST_CACHE = {}
 def fashion_mnist_arrays(split, quick):
     """`split`'s images (float32, N x 1 x 28 x 28, in [0, 1]), int64 labels.
 
-    Defined in :numref:`sec_d2l_package`"""
+    Defined in :numref:`sec_fashion_mnist_files`"""
     if split not in ('train', 'test'):
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
     if split not in _FASHION_MNIST_CACHE:
@@ -2923,7 +2929,7 @@ def fashion_mnist_arrays(split, quick):
 def describe_mode(quick, n_train, n_test):
     """One line saying which data the loader serves, and how to change it.
 
-    Defined in :numref:`sec_d2l_package`"""
+    Defined in :numref:`sec_fashion_mnist_files`"""
     if quick:
         why = ('D2L_QUICK=1' if os.environ.get('D2L_QUICK', '').strip()
                else 'no GPU found')
@@ -2937,7 +2943,7 @@ def describe_mode(quick, n_train, n_test):
 def _batchify_resized(batch, size):
     """Stack (image, label) pairs into a minibatch, resizing if asked.
 
-    Defined in :numref:`sec_d2l_package`"""
+    Defined in :numref:`sec_fashion_mnist_files`"""
     X = np.array(onp.stack([x for x, _ in batch]))
     y = np.array(onp.array([t for _, t in batch]), dtype='int32')
     if size is not None:
@@ -2948,12 +2954,23 @@ def _batchify_resized(batch, size):
         X = X.transpose(0, 3, 1, 2)
     return X, y
 
+import contextlib
+import logging
+import multiprocessing.connection
+import os
+import pickle
+import signal
+import sys
+import threading
+import time
+import traceback
+
 _rank_report_dir = None  # set in the processes that spawn_ranks starts
 
 def _record_rank_failure(rank):
     """In a process of spawn_ranks, record the exception handled, if first.
 
-    Defined in :numref:`sec_d2l_package`"""
+    Defined in :numref:`sec_spawn_machinery`"""
     if _rank_report_dir is None:
         return
     path = os.path.join(_rank_report_dir, f'rank{rank}.error')
@@ -2965,7 +2982,7 @@ def _record_rank_failure(rank):
 def _collect_results(out_dir, world_size):
     """The results that the ranks of spawn_ranks stored, by rank.
 
-    Defined in :numref:`sec_d2l_package`"""
+    Defined in :numref:`sec_spawn_machinery`"""
     results = []
     for rank in range(world_size):
         with open(os.path.join(out_dir, f'rank{rank}.pkl'), 'rb') as f:
@@ -2975,7 +2992,7 @@ def _collect_results(out_dir, world_size):
 def _check_worker(worker, args):
     """Fail early, in this process, if spawned processes could not import `worker` or unpickle `args`.
 
-    Defined in :numref:`sec_d2l_package`"""
+    Defined in :numref:`sec_spawn_machinery`"""
     if not callable(worker):
         raise TypeError(f'worker must be a function, got {worker!r}')
     main = sys.modules.get('__main__')
@@ -2998,7 +3015,7 @@ def _check_worker(worker, args):
 def _quiet_logger(name):
     """Hide the informational and warning records of logger `name` in the body of a `with` block.
 
-    Defined in :numref:`sec_d2l_package`"""
+    Defined in :numref:`sec_spawn_machinery`"""
     logger = logging.getLogger(name)
     level = logger.level
     logger.setLevel(logging.ERROR)
@@ -3010,7 +3027,7 @@ def _quiet_logger(name):
 def _start_rank(rank, out_dir, parent_pid):
     """Prepare a spawned process: log to out_dir, die with the parent.
 
-    Defined in :numref:`sec_d2l_package`"""
+    Defined in :numref:`sec_spawn_machinery`"""
     global _rank_report_dir
     _rank_report_dir = out_dir
     log = os.open(os.path.join(out_dir, f'rank{rank}.log'),
@@ -3030,7 +3047,7 @@ def _start_rank(rank, out_dir, parent_pid):
 def _finish_rank(rank, out_dir, result):
     """Store the result of a worker where spawn_ranks collects it.
 
-    Defined in :numref:`sec_d2l_package`"""
+    Defined in :numref:`sec_spawn_machinery`"""
     with open(os.path.join(out_dir, f'rank{rank}.pkl.part'), 'wb') as f:
         pickle.dump(result, f)
     os.replace(os.path.join(out_dir, f'rank{rank}.pkl.part'),
@@ -3039,7 +3056,7 @@ def _finish_rank(rank, out_dir, result):
 def _rank_failure(out_dir, world_size, exit_codes):
     """The error to raise for a failed group, given the ranks' exit codes.
 
-    Defined in :numref:`sec_d2l_package`"""
+    Defined in :numref:`sec_spawn_machinery`"""
     killed = [rank for rank, code in enumerate(exit_codes)
               if code is not None and code < 0 and -code != signal.SIGABRT]
     written = []
@@ -3069,7 +3086,7 @@ def _rank_failure(out_dir, world_size, exit_codes):
 def _stop_processes(processes, grace_s=3.0):
     """Terminate running processes, kill those that ignore it, reap all.
 
-    Defined in :numref:`sec_d2l_package`"""
+    Defined in :numref:`sec_spawn_machinery`"""
     for process in processes:
         if process.is_alive():
             process.terminate()
@@ -3083,7 +3100,7 @@ def _stop_processes(processes, grace_s=3.0):
 def _join_ranks(context, out_dir, world_size, silence_s, servers=()):
     """Wait for the processes of spawn_ranks; stop them all if one fails.
 
-    Defined in :numref:`sec_d2l_package`"""
+    Defined in :numref:`sec_spawn_machinery`"""
     # or if a rank falls silent, or on an interrupt or SIGTERM
     def on_sigterm(signum, frame):
         raise SystemExit(128 + signum)  # unwinds through the clean-up below
@@ -3103,7 +3120,7 @@ def _join_ranks(context, out_dir, world_size, silence_s, servers=()):
 def _heartbeat(path):
     """Touch the file at `path` every second, as a sign of life for spawn_ranks.
 
-    Defined in :numref:`sec_d2l_package`"""
+    Defined in :numref:`sec_spawn_machinery`"""
     while True:
         os.utime(path)
         time.sleep(1.0)
@@ -3111,7 +3128,7 @@ def _heartbeat(path):
 def _wait_for_ranks(processes, out_dir, silence_s, servers=()):
     """Wait until all ranks end well (None) or one fails (their exit codes); raise if one falls silent or a server ends.
 
-    Defined in :numref:`sec_d2l_package`"""
+    Defined in :numref:`sec_spawn_machinery`"""
     seen, checked = {}, time.monotonic()  # rank: (heartbeat, when it changed)
     while True:
         codes = [process.exitcode for process in processes]
@@ -3151,7 +3168,7 @@ def _wait_for_ranks(processes, out_dir, silence_s, servers=()):
 def _free_ports(n, host='127.0.0.1'):
     """`n` different free ports on `host`, in increasing order.
 
-    Defined in :numref:`sec_d2l_package`"""
+    Defined in :numref:`sec_spawn_machinery`"""
     ports = set()
     while len(ports) < n:
         ports.add(free_port(host))
@@ -3160,7 +3177,7 @@ def _free_ports(n, host='127.0.0.1'):
 def _start_servers(context, num_workers, out_dir, num_servers=1):
     """Start MXNet's scheduler and servers on loopback; return the workers' environment and the processes.
 
-    Defined in :numref:`sec_d2l_package`"""
+    Defined in :numref:`sec_spawn_machinery`"""
     env = {'DMLC_PS_ROOT_URI': '127.0.0.1', 'DMLC_NODE_HOST': '127.0.0.1',
            'DMLC_PS_ROOT_PORT': str(free_port()),
            'DMLC_NUM_SERVER': str(num_servers),
@@ -3176,7 +3193,7 @@ def _start_servers(context, num_workers, out_dir, num_servers=1):
 def _serve(role, env, log_path, parent_pid):
     """Become MXNet's scheduler or a server (`role`) for one job, logging to `log_path`; die with the parent.
 
-    Defined in :numref:`sec_d2l_package`"""
+    Defined in :numref:`sec_spawn_machinery`"""
     log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     for stream in (1, 2):
         os.dup2(log, stream)

@@ -74,27 +74,6 @@ def describe_devices(devices, num_asked=None, processes=False):
                 f'{"" if found == 1 else "s"} found: {line}')
     return f'{k} GPU{"" if k == 1 else "s"} ({found} found): {line}'
 
-def _pin_threads(core):
-    """Keep every thread of this process on core `core`, if the OS lets us.
-
-    Defined in :numref:`sec_helpers`"""
-    if not hasattr(os, 'sched_setaffinity'):  # macOS and Windows
-        return False
-    for thread in os.listdir('/proc/self/task'):
-        try:
-            os.sched_setaffinity(int(thread), {core})
-        except OSError:  # a thread that ended meanwhile
-            pass
-    return True
-
-def _usable_cores():
-    """The CPU cores this process may run on, in increasing order.
-
-    Defined in :numref:`sec_helpers`"""
-    if hasattr(os, 'sched_getaffinity'):
-        return sorted(os.sched_getaffinity(0))
-    return list(range(os.cpu_count() or 1))
-
 def use_one_core(local_rank):
     """Give this process one thread on core number `local_rank`; return it.
 
@@ -102,7 +81,7 @@ def use_one_core(local_rank):
     _check_count(local_rank, 'local_rank')
     cores = _usable_cores()
     core = cores[local_rank % len(cores)]
-    torch.set_num_threads(1)
+    _one_thread()
     _pin_threads(core)
     return core
 
@@ -2651,19 +2630,10 @@ def _time_configs(configs, global_batch, num_steps, warmup, reps, rank,
     wait = dist.barrier if world_size > 1 else lambda: None
     return _time_runs(runs, X, y, num_steps, warmup, reps, wait)
 
-import contextlib
-import gzip
-import hashlib
-import http.client
 import math
 import numbers
 import os
 import sys
-import tempfile
-import time
-import urllib.error
-import urllib.request
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -2871,6 +2841,46 @@ def add_to_class(Class):
         setattr(Class, method.__name__, method)
     return attach
 
+def _pin_threads(core):
+    """Keep every thread of this process on core `core`, if the OS lets us.
+
+    Defined in :numref:`sec_d2l_package`"""
+    if not hasattr(os, 'sched_setaffinity'):  # macOS and Windows
+        return False
+    for thread in os.listdir('/proc/self/task'):
+        try:
+            os.sched_setaffinity(int(thread), {core})
+        except OSError:  # a thread that ended meanwhile
+            pass
+    return True
+
+def _usable_cores():
+    """The CPU cores this process may run on, in increasing order.
+
+    Defined in :numref:`sec_d2l_package`"""
+    if hasattr(os, 'sched_getaffinity'):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
+
+def _one_thread():
+    """Let every operator of this process run on a single thread.
+
+    Defined in :numref:`sec_d2l_package`"""
+    torch.set_num_threads(1)
+
+import gzip
+import hashlib
+import http.client
+import os
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import numpy as np
+import torch
+import torch.nn.functional as F
+
 # Of the unpacked IDX bytes, so that any gzip wrapping verifies.
 FASHION_MNIST_SHA256 = {
     'train-images-idx3-ubyte':
@@ -2890,12 +2900,12 @@ FASHION_MNIST_SYSTEM_DIR = '/usr/share/datasets/fashion-mnist'
 class DatasetError(RuntimeError):
     """A dataset file is missing, damaged or cannot be downloaded.
 
-    Defined in :numref:`sec_d2l_package`"""
+    Defined in :numref:`sec_fashion_mnist_files`"""
 
 def fashion_mnist_dirs():
     """Folders searched for Fashion-MNIST, in order, and the download one.
 
-    Defined in :numref:`sec_d2l_package`"""
+    Defined in :numref:`sec_fashion_mnist_files`"""
     env_dir = os.environ.get('D2L_DATA_DIR', '').strip()
     env_dir = os.path.abspath(os.path.expanduser(env_dir)) if env_dir else ''
     cache_root = os.environ.get('XDG_CACHE_HOME', '').strip() or \
@@ -2911,7 +2921,7 @@ _SAID = set()
 def _say_once(message, everywhere=False):
     """Print `message` once per process: on rank 0, or stderr `everywhere`.
 
-    Defined in :numref:`sec_d2l_package`"""
+    Defined in :numref:`sec_fashion_mnist_files`"""
     # Launchers give every process of a job its rank; a report from each of
     # eight processes would bury the one that matters.
     rank = os.environ.get('RANK', os.environ.get('PADDLE_TRAINER_ID', '0'))
@@ -2925,7 +2935,7 @@ def _say_once(message, everywhere=False):
 def _unpack_and_check(path, name, raw):
     """Unpack `raw` bytes read from `path`, verify them against the hash.
 
-    Defined in :numref:`sec_d2l_package`"""
+    Defined in :numref:`sec_fashion_mnist_files`"""
     expected = FASHION_MNIST_SHA256[name]
     try:
         data = gzip.decompress(raw) if path.endswith('.gz') else raw
@@ -2944,7 +2954,7 @@ def _unpack_and_check(path, name, raw):
 def _find_idx_file(name, search):
     """Path of the first copy of `name` (packed or not) in `search`; None.
 
-    Defined in :numref:`sec_d2l_package`"""
+    Defined in :numref:`sec_fashion_mnist_files`"""
     for folder in search:
         for path in (os.path.join(folder, name + '.gz'),
                      os.path.join(folder, name)):
@@ -2957,7 +2967,7 @@ DOWNLOAD_WAIT_S = 600  # how long to wait for another process's download
 def _lock_or_wait(file, path):
     """Lock the open `file` at `path`; wait at most DOWNLOAD_WAIT_S for it.
 
-    Defined in :numref:`sec_d2l_package`"""
+    Defined in :numref:`sec_fashion_mnist_files`"""
     import fcntl
     deadline = time.monotonic() + DOWNLOAD_WAIT_S
     while True:
@@ -2981,7 +2991,7 @@ def _lock_or_wait(file, path):
 class _FileLock:
     """Hold an exclusive lock on `path`; wait at most DOWNLOAD_WAIT_S."""
     def __init__(self, path):
-        """Defined in :numref:`sec_d2l_package`"""
+        """Defined in :numref:`sec_fashion_mnist_files`"""
         self.path = path
 
     def __enter__(self):
@@ -3005,7 +3015,7 @@ class _FileLock:
 def _check_download_dir(name, target_dir):
     """Create `target_dir` for downloading `name`, or say why it cannot be.
 
-    Defined in :numref:`sec_d2l_package`"""
+    Defined in :numref:`sec_fashion_mnist_files`"""
     try:
         os.makedirs(target_dir, exist_ok=True)
         tempfile.TemporaryFile(dir=target_dir).close()  # may we write there?
@@ -3022,7 +3032,7 @@ def _check_download_dir(name, target_dir):
 def _write_atomically(path, raw):
     """Write `raw` to `path` by renaming a finished temporary file.
 
-    Defined in :numref:`sec_d2l_package`"""
+    Defined in :numref:`sec_fashion_mnist_files`"""
     tmp = f'{path}.part-{os.getpid()}'
     try:
         with open(tmp, 'wb') as f:
@@ -3036,7 +3046,7 @@ def _write_atomically(path, raw):
 def _download_fashion_mnist(name, target_dir):
     """Fetch `name`.gz into `target_dir`, verified, written atomically.
 
-    Defined in :numref:`sec_d2l_package`"""
+    Defined in :numref:`sec_fashion_mnist_files`"""
     url = os.environ.get('D2L_FASHION_MNIST_MIRROR',
                          FASHION_MNIST_MIRROR).rstrip('/') + f'/{name}.gz'
     remedies = (
@@ -3066,7 +3076,7 @@ def _download_fashion_mnist(name, target_dir):
 def read_idx_file(name):
     """Find, verify and parse one Fashion-MNIST IDX file into a NumPy array.
 
-    Defined in :numref:`sec_d2l_package`"""
+    Defined in :numref:`sec_fashion_mnist_files`"""
     if name not in FASHION_MNIST_SHA256:
         raise ValueError(f'name must be one of {sorted(FASHION_MNIST_SHA256)}'
                          f', got {name!r}')
@@ -3095,7 +3105,7 @@ def read_idx_file(name):
 def balanced_subset(labels, per_class):
     """Indices of the first `per_class` examples of each class (file order).
 
-    Defined in :numref:`sec_d2l_package`"""
+    Defined in :numref:`sec_fashion_mnist_files`"""
     _check_positive_int(per_class, 'per_class')
     picks = [(labels == c).nonzero()[0][:per_class].tolist()
              for c in sorted(set(labels.tolist()))]
@@ -3104,7 +3114,7 @@ def balanced_subset(labels, per_class):
 def subset_per_class():
     """Images per class {'train': n, 'test': m} from D2L_SUBSET; None: all.
 
-    Defined in :numref:`sec_d2l_package`"""
+    Defined in :numref:`sec_fashion_mnist_files`"""
     flag = os.environ.get('D2L_SUBSET', '').strip()
     if not flag:
         return None
@@ -3120,7 +3130,7 @@ _FASHION_MNIST_CACHE = {}
 def fashion_mnist_arrays(split, quick):
     """`split`'s images (float32, N x 1 x 28 x 28, in [0, 1]), int64 labels.
 
-    Defined in :numref:`sec_d2l_package`"""
+    Defined in :numref:`sec_fashion_mnist_files`"""
     if split not in ('train', 'test'):
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
     if split not in _FASHION_MNIST_CACHE:
@@ -3146,7 +3156,7 @@ def fashion_mnist_arrays(split, quick):
 def describe_mode(quick, n_train, n_test):
     """One line saying which data the loader serves, and how to change it.
 
-    Defined in :numref:`sec_d2l_package`"""
+    Defined in :numref:`sec_fashion_mnist_files`"""
     if quick:
         why = ('D2L_QUICK=1' if os.environ.get('D2L_QUICK', '').strip()
                else 'no GPU found')
@@ -3160,19 +3170,31 @@ def describe_mode(quick, n_train, n_test):
 def _collate_resized(batch, size):
     """Stack (image, label) pairs into a minibatch, resizing if asked.
 
-    Defined in :numref:`sec_d2l_package`"""
+    Defined in :numref:`sec_fashion_mnist_files`"""
     X = torch.stack([x for x, _ in batch])
     y = torch.stack([t for _, t in batch])
     if size is not None:
         X = F.interpolate(X, size=size, mode='bilinear', align_corners=False)
     return X, y
 
+import contextlib
+import logging
+import multiprocessing.connection
+import os
+import pickle
+import signal
+import sys
+import threading
+import time
+import traceback
+import torch.distributed as dist
+
 _rank_report_dir = None  # set in the processes that spawn_ranks starts
 
 def _record_rank_failure(rank):
     """In a process of spawn_ranks, record the exception handled, if first.
 
-    Defined in :numref:`sec_d2l_package`"""
+    Defined in :numref:`sec_spawn_machinery`"""
     if _rank_report_dir is None:
         return
     path = os.path.join(_rank_report_dir, f'rank{rank}.error')
@@ -3184,7 +3206,7 @@ def _record_rank_failure(rank):
 def _collect_results(out_dir, world_size):
     """The results that the ranks of spawn_ranks stored, by rank.
 
-    Defined in :numref:`sec_d2l_package`"""
+    Defined in :numref:`sec_spawn_machinery`"""
     results = []
     for rank in range(world_size):
         with open(os.path.join(out_dir, f'rank{rank}.pkl'), 'rb') as f:
@@ -3194,7 +3216,7 @@ def _collect_results(out_dir, world_size):
 def _check_worker(worker, args):
     """Fail early, in this process, if spawned processes could not import `worker` or unpickle `args`.
 
-    Defined in :numref:`sec_d2l_package`"""
+    Defined in :numref:`sec_spawn_machinery`"""
     if not callable(worker):
         raise TypeError(f'worker must be a function, got {worker!r}')
     main = sys.modules.get('__main__')
@@ -3217,7 +3239,7 @@ def _check_worker(worker, args):
 def _quiet_logger(name):
     """Hide the informational and warning records of logger `name` in the body of a `with` block.
 
-    Defined in :numref:`sec_d2l_package`"""
+    Defined in :numref:`sec_spawn_machinery`"""
     logger = logging.getLogger(name)
     level = logger.level
     logger.setLevel(logging.ERROR)
@@ -3229,7 +3251,7 @@ def _quiet_logger(name):
 def _start_rank(rank, out_dir, parent_pid):
     """Prepare a spawned process: log to out_dir, die with the parent.
 
-    Defined in :numref:`sec_d2l_package`"""
+    Defined in :numref:`sec_spawn_machinery`"""
     global _rank_report_dir
     _rank_report_dir = out_dir
     log = os.open(os.path.join(out_dir, f'rank{rank}.log'),
@@ -3249,7 +3271,7 @@ def _start_rank(rank, out_dir, parent_pid):
 def _finish_rank(rank, out_dir, result):
     """Store the result of a worker where spawn_ranks collects it.
 
-    Defined in :numref:`sec_d2l_package`"""
+    Defined in :numref:`sec_spawn_machinery`"""
     with open(os.path.join(out_dir, f'rank{rank}.pkl.part'), 'wb') as f:
         pickle.dump(result, f)
     os.replace(os.path.join(out_dir, f'rank{rank}.pkl.part'),
@@ -3258,7 +3280,7 @@ def _finish_rank(rank, out_dir, result):
 def _rank_failure(out_dir, world_size, exit_codes):
     """The error to raise for a failed group, given the ranks' exit codes.
 
-    Defined in :numref:`sec_d2l_package`"""
+    Defined in :numref:`sec_spawn_machinery`"""
     killed = [rank for rank, code in enumerate(exit_codes)
               if code is not None and code < 0 and -code != signal.SIGABRT]
     written = []
@@ -3288,7 +3310,7 @@ def _rank_failure(out_dir, world_size, exit_codes):
 def _stop_processes(processes, grace_s=3.0):
     """Terminate running processes, kill those that ignore it, reap all.
 
-    Defined in :numref:`sec_d2l_package`"""
+    Defined in :numref:`sec_spawn_machinery`"""
     for process in processes:
         if process.is_alive():
             process.terminate()
@@ -3302,7 +3324,7 @@ def _stop_processes(processes, grace_s=3.0):
 def _join_ranks(context, out_dir, world_size, silence_s, servers=()):
     """Wait for the processes of spawn_ranks; stop them all if one fails.
 
-    Defined in :numref:`sec_d2l_package`"""
+    Defined in :numref:`sec_spawn_machinery`"""
     # or if a rank falls silent, or on an interrupt or SIGTERM
     def on_sigterm(signum, frame):
         raise SystemExit(128 + signum)  # unwinds through the clean-up below
@@ -3322,7 +3344,7 @@ def _join_ranks(context, out_dir, world_size, silence_s, servers=()):
 def _heartbeat(path):
     """Touch the file at `path` every second, as a sign of life for spawn_ranks.
 
-    Defined in :numref:`sec_d2l_package`"""
+    Defined in :numref:`sec_spawn_machinery`"""
     while True:
         os.utime(path)
         time.sleep(1.0)
@@ -3330,7 +3352,7 @@ def _heartbeat(path):
 def _wait_for_ranks(processes, out_dir, silence_s, servers=()):
     """Wait until all ranks end well (None) or one fails (their exit codes); raise if one falls silent or a server ends.
 
-    Defined in :numref:`sec_d2l_package`"""
+    Defined in :numref:`sec_spawn_machinery`"""
     seen, checked = {}, time.monotonic()  # rank: (heartbeat, when it changed)
     while True:
         codes = [process.exitcode for process in processes]
@@ -3372,7 +3394,7 @@ _ABANDONED = []  # models of failed groups, never freed (see _run_rank)
 def _exit_if_abandoned():
     """End a rank that keeps a model of a failed group without running destructors.
 
-    Defined in :numref:`sec_d2l_package`"""
+    Defined in :numref:`sec_spawn_machinery`"""
     if _ABANDONED:  # freeing them can deadlock in ProcessGroupGloo's destructor
         sys.stdout.flush()
         sys.stderr.flush()
@@ -3381,7 +3403,7 @@ def _exit_if_abandoned():
 def _leave_failed_rank():
     """End a rank whose error is stored without running destructors.
 
-    Defined in :numref:`sec_d2l_package`"""
+    Defined in :numref:`sec_spawn_machinery`"""
     sys.stdout.flush()  # tearing down a failed Gloo group can deadlock
     sys.stderr.flush()
     os._exit(1)
@@ -3389,7 +3411,7 @@ def _leave_failed_rank():
 def _destroy_after_barrier():
     """Free the process group a moment after a barrier that all ranks passed.
 
-    Defined in :numref:`sec_d2l_package`"""
+    Defined in :numref:`sec_spawn_machinery`"""
     # Gloo's thread frees the barrier's work after it completes and needs
     # the GIL for that; freeing the group before then can deadlock.
     time.sleep(0.1)

@@ -1,10 +1,9 @@
 """List visible code lines over 79 characters and visible cells over 30 lines.
 
-Visible: the code cells of chapter_multi_gpu/*.md and
-chapter_appendix/*.md not marked #@hide, without their
-#@tab/#@save/#@hide marker lines (d2lbook does not show those), and the
-launcher scripts chapter_multi_gpu/*.py. Prints one line per problem and a
-count; exits 1 if there is any.
+Visible: the code cells of chapter_multi_gpu/*.md and chapter_appendix/*.md
+not marked #@hide, without their #@tab/#@save/#@hide marker lines (d2lbook
+does not show those), and the launcher scripts chapter_multi_gpu/*.py.
+Prints one line per problem and a count; exits 1 if there is any.
 
     .venv/bin/python scripts/code_fit.py
 """
@@ -32,8 +31,8 @@ def cells(text):
 
 
 def problems():
-    pages = sorted(ROOT.glob('chapter_multi_gpu/*.md'))
-    pages += sorted(ROOT.glob('chapter_appendix/*.md'))
+    pages = sorted(ROOT.glob('chapter_multi_gpu/*.md')) + \
+        sorted(ROOT.glob('chapter_appendix/*.md'))
     for page in pages:
         name = page.relative_to(ROOT)
         for start, cell in cells(page.read_text()):

@@ -1,6 +1,7 @@
-"""The claims of the appendix page chapter_appendix/d2l-package.md, per framework:
-argument checks that name the culprit, and the data machinery (search order,
-hashes, atomic downloads, the download lock, IDX parsing)."""
+"""The claims of the appendix pages chapter_appendix/d2l-package.md and data.md,
+per framework: argument checks that name the culprit, CPU threads, and the data
+machinery (search order, hashes, atomic downloads, the download lock, IDX
+parsing)."""
 import gzip
 import hashlib
 import http.server
@@ -433,7 +434,9 @@ def test_appendix_helpers_have_the_same_signature_in_every_framework():
     """A public name saved from the appendix has the same parameters in every flavour."""
     import importlib
     modules = [importlib.import_module(f'd2l.{MODULES[f]}') for f in FRAMEWORKS]
-    seen = [saved_signatures(m, 'sec_d2l_package') for m in modules]
+    seen = [{**saved_signatures(m, 'sec_d2l_package'),
+             **saved_signatures(m, 'sec_fashion_mnist_files'),
+             **saved_signatures(m, 'sec_spawn_machinery')} for m in modules]
     expected = {'fashion_mnist_dirs', 'read_idx_file', 'balanced_subset',
                 'fashion_mnist_arrays', 'describe_mode', 'add_to_class'}
     for found in seen:
@@ -475,3 +478,39 @@ def test_paddle_package_runs_cpu_kernels_on_every_core():
     # A reader's own FLAGS_paddle_num_threads is left alone.
     assert _threads_after_a_convolution(
         'd2l', {'FLAGS_paddle_num_threads': '1'}) == plain
+
+
+def test_one_thread_leaves_pytorch_one_thread_per_operator():
+    torch = pytest.importorskip('torch')
+    from d2l import torch as d2l
+    before = torch.get_num_threads()
+    try:
+        d2l._one_thread()
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+_MXNET_THREADS = """
+import os
+from mxnet import np, npx
+x, w = np.ones((8, 16, 28, 28)), np.ones((16, 16, 3, 3))
+npx.convolution(x, w, kernel=(3, 3), pad=(1, 1), num_filter=16,
+                no_bias=True).wait_to_read()
+print(len(os.listdir('/proc/self/task')))
+"""
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason='needs two cores')
+@pytest.mark.skipif(not pathlib.Path('/proc/self/task').is_dir(), reason='Linux only')
+def test_mxnet_takes_its_thread_count_from_omp_num_threads_at_import():
+    pytest.importorskip('mxnet')
+
+    def threads(n):
+        out = subprocess.run([sys.executable, '-c', _MXNET_THREADS],
+                             capture_output=True, text=True, timeout=300,
+                             env=dict(os.environ, OMP_NUM_THREADS=str(n)))
+        assert out.returncode == 0, out.stderr[-2000:]
+        return int(out.stdout.split()[-1])
+
+    assert threads(1) < threads(os.cpu_count())

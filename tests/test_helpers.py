@@ -1,7 +1,7 @@
 """The claims of the toolkit section (chapter_multi_gpu/helpers.md), per framework.
 
-Its argument checks and data machinery are tested with the appendix page that
-defines them, in test_d2l_package.py.
+Its argument checks and data machinery are tested with the appendix pages that
+define them, in test_d2l_package.py.
 """
 import os
 import subprocess

@@ -385,10 +385,8 @@ def test_no_heading_or_code_cell_escapes_its_tab_group(rendered, page_path):
 
 # Code blocks that still lack a framework, by page and framework: each shows
 # the notice "No <framework> version of this code". The list may only shrink
-# (the appendix's PaddlePaddle thread setting).
+# (none left: every block has all three frameworks).
 STILL_WITHOUT = {
-    ('chapter_appendix/d2l-package.html', 'pytorch'): 1,
-    ('chapter_appendix/d2l-package.html', 'mxnet'): 1,
 }
 
 
