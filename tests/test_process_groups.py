@@ -1038,3 +1038,17 @@ def test_mxnet_script_trains_under_the_launcher_s_variables():
     text = ''.join(out for out, _, _ in ran)
     assert '2 processes, backend dist_sync' in text and 'test accuracy' in text
     assert [proc.returncode for *_, proc in ended] == [0, 0]
+
+
+@needs_mxnet
+def test_mxnet_launcher_script_lies_where_the_book_says_and_states_its_timeout():
+    from d2l import mxnet as d2l
+    path = pathlib.Path(d2l.ddp_script_path())
+    assert path == ROOT / 'chapter_multi_gpu' / 'ddp_train_mxnet.py'
+    assert 'launcher_ranks' in path.read_text()
+    shown = subprocess.run([sys.executable, str(path), '--help'],
+                           capture_output=True, text=True, timeout=120,
+                           env=scenario_env())
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    text = ' '.join(shown.stdout.split())
+    assert '--timeout' in text and '(default: 300)' in text
