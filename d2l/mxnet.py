@@ -733,49 +733,9 @@ import tempfile
 import threading
 import traceback
 
+import atexit
 import multiprocessing
 import types
-
-def _check_rank(rank, world_size, what='rank'):
-    """Reject a world size below 1 or a rank outside 0..world_size-1, naming the culprit.
-
-    Defined in :numref:`sec_process_groups`"""
-    size = what.replace('rank', 'world_size')  # local_rank: local_world_size
-    for name, value in ((size, world_size), (what, rank)):
-        if not _is_int(value):
-            raise ValueError(f'{name} must be an integer, got {value!r}')
-    if world_size < 1:
-        raise ValueError(f'{size} must be at least 1, got {world_size}')
-    if not 0 <= rank < world_size:
-        raise ValueError(f'{what} must lie in 0..{world_size - 1} for a '
-                         f'{size} of {world_size}, got {rank}')
-
-def _int_from_env(name, least, default=None):
-    """The integer in environment variable `name`, at least `least`; `default` if unset.
-
-    Defined in :numref:`sec_process_groups`"""
-    text = os.environ.get(name)
-    if text is None:
-        return default
-    try:
-        value = int(text)
-    except ValueError:
-        value = None
-    if value is None or value < least:
-        raise ValueError(
-            f'environment variable {name}={text!r} must be an integer of at '
-            f'least {least}: unset it and start the script with the '
-            f"framework's launcher, which sets it")
-    return value
-
-def _check_timeout(timeout_s, name='timeout_s'):
-    """Accept None or a positive number of seconds for a process group's timeout.
-
-    Defined in :numref:`sec_process_groups`"""
-    if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(
-            timeout_s, (int, float)) or not 0 < timeout_s < float('inf')):
-        raise ValueError(f'{name} must be a positive number of seconds or '
-                         f'None, got {timeout_s!r}')
 
 def ddp_device(local_rank, local_world_size):
     """GPU `local_rank` if each worker here gets its own GPU, else the CPU.
@@ -820,7 +780,8 @@ def process_group(rank, world_size, init_method='env://', timeout_s=None,
         device = ddp_device(local_rank, local_world_size or world_size)
     if device.device_type == 'cpu':
         use_one_core(local_rank)  # a core is a device (sec_helpers)
-    kv = mx.kv.create('dist_sync')  # waits for all workers
+    # waits for all workers; one store per worker (see launcher_ranks)
+    kv = _JOB[0] if _JOB else mx.kv.create('dist_sync')
     if (kv.rank, kv.num_workers) != (rank, world_size):
         raise ValueError(f'rank {rank} of world_size {world_size} does not '
                          f'match the job, which says rank {kv.rank} of '
@@ -833,40 +794,6 @@ def process_group(rank, world_size, init_method='env://', timeout_s=None,
         raise
     finally:
         _STORES.remove(kv)
-
-_launcher_timeout_s = None  # a launcher script's --timeout: launcher_deadline
-
-def _loopback_interface():
-    """Name of the network interface that carries this machine's loopback address.
-
-    Defined in :numref:`sec_process_groups`"""
-    return 'lo0' if sys.platform == 'darwin' else 'lo'
-
-@contextlib.contextmanager
-def _environment(values, **more):
-    """Set environment variables for the body of a `with` block, then restore them.
-
-    Defined in :numref:`sec_process_groups`"""
-    values = {**values, **more}
-    saved = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-
-def _is_loopback(host):
-    """Whether `host` names an address of this machine's loopback interface.
-
-    Defined in :numref:`sec_process_groups`"""
-    try:
-        return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
-    except (OSError, TypeError, ValueError):  # no such host, or no host
-        return False
 
 def spawn_ranks(worker, world_size, *args, silence_s=60.0):
     """Run worker(rank, world_size, *args) by a parameter server; results.
@@ -899,20 +826,6 @@ def spawn_ranks(worker, world_size, *args, silence_s=60.0):
                     world_size, silence_s, servers)
         return _collect_results(out_dir, world_size)
 
-def _run_rank(rank, worker, world_size, args, out_dir, parent_pid):
-    """Body of a worker of spawn_ranks: run the worker, store what it gives.
-
-    Defined in :numref:`sec_process_groups`"""
-    _start_rank(rank, out_dir, parent_pid)
-    try:
-        result = worker(rank, world_size, *args)
-    except BaseException:
-        _record_rank_failure(rank)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(1)  # while the worker's store is alive: see the text
-    _finish_rank(rank, out_dir, result)
-
 def _push_pull_demo(rank, world_size):
     """Push rank + 1 to a dist_sync store, pull the sum; what this rank saw.
 
@@ -924,6 +837,42 @@ def _push_pull_demo(rank, world_size):
     kv.pull(0, out=total)  # waits for every worker's push
     return {'rank': kv.rank, 'num_workers': kv.num_workers,
             'pid': os.getpid(), 'sum': float(total[0])}
+
+LAUNCHER_JOIN_S = 300.0  # how long launcher_ranks waits for the job
+
+def launcher_ranks():
+    """(rank, world size, local rank, local world size) from the launcher.
+
+    Defined in :numref:`sec_process_groups`"""
+    names = ('DMLC_ROLE', 'DMLC_PS_ROOT_URI', 'DMLC_PS_ROOT_PORT',
+             'DMLC_NUM_WORKER', 'DMLC_NUM_SERVER')
+    missing = [name for name in names if name not in os.environ]
+    if missing:
+        raise RuntimeError(
+            f'{", ".join(missing)} not set: start this script with '
+            f"MXNet's tools/launch.py, for example with --launcher local "
+            f'-n 2 -s 1 python {sys.argv[0]}')
+    world_size = _int_from_env('DMLC_NUM_WORKER', 1)
+    _int_from_env('DMLC_NUM_SERVER', 1)
+    _int_from_env('DMLC_PS_ROOT_PORT', 1)
+    with _join_deadline('a worker', world_size, LAUNCHER_JOIN_S):
+        rank = _job_store().rank  # handed out by the scheduler
+    here = os.environ.get('DMLC_JOB_CLUSTER') == 'local' or _is_loopback(
+        os.environ['DMLC_PS_ROOT_URI'])  # every worker on this machine
+    return (rank, world_size) + ((rank, world_size) if here else (0, 1))
+
+@contextlib.contextmanager
+def launcher_deadline(rank, world_size, timeout_s):
+    """Give the body `timeout_s` to join the job; else end the process.
+
+    Defined in :numref:`sec_process_groups`"""
+    # it also says what this rank waits for; a joined worker waits for none
+    _check_rank(rank, world_size)
+    _check_timeout(timeout_s)
+    if timeout_s is None:
+        raise ValueError('timeout_s must be a number of seconds, not None')
+    with _join_deadline(f'rank {rank}', world_size, timeout_s):
+        yield
 
 def fashion_mnist_tensors(split):
     """Fashion-MNIST images and labels as arrays; a subset in quick mode.
@@ -3062,6 +3011,190 @@ def _serve(role, env, log_path, parent_pid):
         os._exit(1)
     os.environ.update(env, DMLC_ROLE=role)
     os.execv(sys.executable, [sys.executable, '-c', 'import mxnet'])
+
+def _check_rank(rank, world_size, what='rank'):
+    """Reject a world size below 1 or a rank outside 0..world_size-1, naming the culprit.
+
+    Defined in :numref:`sec_launchers`"""
+    size = what.replace('rank', 'world_size')  # local_rank: local_world_size
+    for name, value in ((size, world_size), (what, rank)):
+        if not _is_int(value):
+            raise ValueError(f'{name} must be an integer, got {value!r}')
+    if world_size < 1:
+        raise ValueError(f'{size} must be at least 1, got {world_size}')
+    if not 0 <= rank < world_size:
+        raise ValueError(f'{what} must lie in 0..{world_size - 1} for a '
+                         f'{size} of {world_size}, got {rank}')
+
+def _int_from_env(name, least, default=None):
+    """The integer in environment variable `name`, at least `least`; `default` if unset.
+
+    Defined in :numref:`sec_launchers`"""
+    text = os.environ.get(name)
+    if text is None:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or value < least:
+        raise ValueError(
+            f'environment variable {name}={text!r} must be an integer of at '
+            f'least {least}: unset it and start the script with the '
+            f"framework's launcher, which sets it")
+    return value
+
+def _check_timeout(timeout_s, name='timeout_s'):
+    """Accept None or a positive number of seconds for a process group's timeout.
+
+    Defined in :numref:`sec_launchers`"""
+    if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(
+            timeout_s, (int, float)) or not 0 < timeout_s < float('inf')):
+        raise ValueError(f'{name} must be a positive number of seconds or '
+                         f'None, got {timeout_s!r}')
+
+_launcher_timeout_s = None  # a launcher script's --timeout: launcher_deadline
+
+def _loopback_interface():
+    """Name of the network interface that carries this machine's loopback address.
+
+    Defined in :numref:`sec_launchers`"""
+    return 'lo0' if sys.platform == 'darwin' else 'lo'
+
+@contextlib.contextmanager
+def _environment(values, **more):
+    """Set environment variables for the body of a `with` block, then restore them.
+
+    Defined in :numref:`sec_launchers`"""
+    values = {**values, **more}
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+def _is_loopback(host):
+    """Whether `host` names an address of this machine's loopback interface.
+
+    Defined in :numref:`sec_launchers`"""
+    try:
+        return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
+    except (OSError, TypeError, ValueError):  # no such host, or no host
+        return False
+
+def _run_rank(rank, worker, world_size, args, out_dir, parent_pid):
+    """Body of a worker of spawn_ranks: run the worker, store what it gives.
+
+    Defined in :numref:`sec_launchers`"""
+    _start_rank(rank, out_dir, parent_pid)
+    try:
+        result = worker(rank, world_size, *args)
+    except BaseException:
+        _record_rank_failure(rank)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)  # while the worker's store is alive: see the text
+    _finish_rank(rank, out_dir, result)
+
+_WATCHDOG = (  # the program of launcher_deadline's watchdog process
+    'import os, select, signal, sys\n'
+    'pid, seconds = int(sys.argv[1]), float(sys.argv[2])\n'
+    'if not select.select([sys.stdin], [], [], seconds)[0]:  # no EOF\n'
+    '    print(sys.argv[3], file=sys.stderr, flush=True)\n'
+    '    os.kill(pid, signal.SIGKILL)\n')
+
+_JOB = []  # the store that launcher_ranks joined, kept until the exit
+
+def _job_store():
+    """This worker's dist_sync store of the launcher's job, joined once and freed at a normal exit.
+
+    Defined in :numref:`sec_launchers`"""
+    if not _JOB:
+        _JOB.append(mx.kv.create('dist_sync'))  # a second one never forms
+        atexit.register(_JOB.clear)  # runs before MXNet's own clean-up
+        sys.excepthook = _leave_failed_worker
+    return _JOB[0]
+
+def _leave_failed_worker(kind, value, trace):
+    """Print an uncaught error and end the worker without freeing its store, which would wait for every other worker.
+
+    Defined in :numref:`sec_launchers`"""
+    sys.__excepthook__(kind, value, trace)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)
+
+def _rendezvous_address():
+    """host:port of the scheduler that MXNet's launcher described in the environment.
+
+    Defined in :numref:`sec_launchers`"""
+    return (f"{os.environ.get('DMLC_PS_ROOT_URI', '(DMLC_PS_ROOT_URI unset)')}:"
+            f"{os.environ.get('DMLC_PS_ROOT_PORT', '(DMLC_PS_ROOT_PORT unset)')}")
+
+def _stand_down(watchdog, done):
+    """Tell `watchdog` to stand down once this worker has joined a store or `done` is set.
+
+    Defined in :numref:`sec_launchers`"""
+    while not (_JOB or _STORES) and not done.wait(0.2):
+        pass
+    watchdog.stdin.close()  # end of its input: the watchdog exits quietly
+
+@contextlib.contextmanager
+def _join_deadline(who, world_size, timeout_s):
+    """Say what `who` waits for while the body joins the job; end the process if that takes over `timeout_s`.
+
+    Defined in :numref:`sec_launchers`"""
+    if _JOB or _STORES:  # joined already: nothing to wait for
+        yield
+        return
+    where = _rendezvous_address()
+    until = time.strftime('%H:%M:%S %Z',
+                          time.localtime(time.time() + timeout_s))
+    print(f'{who} waits for all {world_size} workers at {where} until '
+          f'{until} (timeout {timeout_s:g} s)', flush=True)
+    message = (f'{who}: no job formed at {where} within {timeout_s:g} s; '
+               f'start all {world_size} workers, the scheduler and the '
+               f'servers with this address, check that its port is '
+               f'reachable, or give a larger timeout')
+    watchdog = subprocess.Popen([sys.executable, '-c', _WATCHDOG, str(
+        os.getpid()), str(timeout_s), message], stdin=subprocess.PIPE)
+    done = threading.Event()
+    threading.Thread(target=_stand_down, args=(watchdog, done),
+                     daemon=True).start()
+    try:
+        yield
+    finally:
+        done.set()
+        watchdog.wait()  # it ends when told to stand down
+
+def ddp_script_path(framework=None):
+    """Path of the book's launcher script for 'torch', 'mxnet', 'paddle'.
+
+    Defined in :numref:`sec_launchers`"""
+    # framework=None: the script of this module's framework
+    names = {'torch': 'ddp_train.py', 'mxnet': 'ddp_train_mxnet.py',
+             'paddle': 'ddp_train_paddle.py'}
+    if framework is None:
+        framework = __name__.rsplit('.', 1)[-1]  # d2l.torch, for example
+    if framework not in names:
+        raise ValueError(f"framework must be 'torch', 'mxnet' or "
+                         f"'paddle', got {framework!r}")
+    name = names[framework]
+    # Next to d2l/ in the repository, or beside a downloaded notebook.
+    book_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    places = [os.path.join(book_root, 'chapter_multi_gpu', name),
+              os.path.join(os.getcwd(), name),
+              os.path.join(os.getcwd(), 'chapter_multi_gpu', name)]
+    for place in places:
+        if os.path.isfile(place):
+            return place
+    raise FileNotFoundError(f'{name} is in none of ' + ', '.join(places) +
+                            ": run from the book's root or notebook folder")
 
 def _needs(stage, op, i, num_stages):
     """The steps that must run before step (stage, op, i).

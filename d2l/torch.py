@@ -749,47 +749,6 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-def _check_rank(rank, world_size, what='rank'):
-    """Reject a world size below 1 or a rank outside 0..world_size-1, naming the culprit.
-
-    Defined in :numref:`sec_process_groups`"""
-    size = what.replace('rank', 'world_size')  # local_rank: local_world_size
-    for name, value in ((size, world_size), (what, rank)):
-        if not _is_int(value):
-            raise ValueError(f'{name} must be an integer, got {value!r}')
-    if world_size < 1:
-        raise ValueError(f'{size} must be at least 1, got {world_size}')
-    if not 0 <= rank < world_size:
-        raise ValueError(f'{what} must lie in 0..{world_size - 1} for a '
-                         f'{size} of {world_size}, got {rank}')
-
-def _int_from_env(name, least, default=None):
-    """The integer in environment variable `name`, at least `least`; `default` if unset.
-
-    Defined in :numref:`sec_process_groups`"""
-    text = os.environ.get(name)
-    if text is None:
-        return default
-    try:
-        value = int(text)
-    except ValueError:
-        value = None
-    if value is None or value < least:
-        raise ValueError(
-            f'environment variable {name}={text!r} must be an integer of at '
-            f'least {least}: unset it and start the script with the '
-            f"framework's launcher, which sets it")
-    return value
-
-def _check_timeout(timeout_s, name='timeout_s'):
-    """Accept None or a positive number of seconds for a process group's timeout.
-
-    Defined in :numref:`sec_process_groups`"""
-    if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(
-            timeout_s, (int, float)) or not 0 < timeout_s < float('inf')):
-        raise ValueError(f'{name} must be a positive number of seconds or '
-                         f'None, got {timeout_s!r}')
-
 def ddp_device(local_rank, local_world_size):
     """GPU `local_rank` if each process here gets its own GPU, else the CPU.
 
@@ -850,66 +809,6 @@ def process_group(rank, world_size, init_method='env://', timeout_s=None,
         dist.barrier()  # leave together: see the text
         _destroy_after_barrier()
 
-_launcher_timeout_s = None  # a launcher script's --timeout: launcher_deadline
-
-def _loopback_interface():
-    """Name of the network interface that carries this machine's loopback address.
-
-    Defined in :numref:`sec_process_groups`"""
-    return 'lo0' if sys.platform == 'darwin' else 'lo'
-
-@contextlib.contextmanager
-def _environment(values, **more):
-    """Set environment variables for the body of a `with` block, then restore them.
-
-    Defined in :numref:`sec_process_groups`"""
-    values = {**values, **more}
-    saved = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-
-def _is_loopback(host):
-    """Whether `host` names an address of this machine's loopback interface.
-
-    Defined in :numref:`sec_process_groups`"""
-    try:
-        return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
-    except (OSError, TypeError, ValueError):  # no such host, or no host
-        return False
-
-def _join_group(backend, init_method, rank, world_size, timeout_s):
-    """Join the default process group; a rendezvous on loopback listens on loopback only.
-
-    Defined in :numref:`sec_process_groups`"""
-    if timeout_s is None:
-        timeout_s = _launcher_timeout_s
-    timeout = timeout_s and datetime.timedelta(seconds=timeout_s)  # or None
-    url = urllib.parse.urlsplit(init_method)
-    host = url.hostname
-    if url.scheme == 'env':  # set by torchrun, for example
-        host = os.environ.get('MASTER_ADDR')
-    if _is_loopback(host):
-        os.environ['GLOO_SOCKET_IFNAME'] = _loopback_interface()
-    if url.scheme != 'tcp' or not url.port or not _is_loopback(host):
-        dist.init_process_group(backend, init_method=init_method, rank=rank,
-                                world_size=world_size, timeout=timeout)
-        return
-    listener = None
-    if rank == 0:  # TCPStore itself would listen on all interfaces
-        listener = socket.create_server((url.hostname, url.port)).detach()
-    store = dist.TCPStore(url.hostname, url.port, world_size, rank == 0,
-                          timeout or dist.default_pg_timeout,
-                          master_listen_fd=listener)
-    dist.init_process_group(backend, store=store, rank=rank,
-                            world_size=world_size, timeout=timeout)
-
 def spawn_ranks(worker, world_size, *args, silence_s=60.0):
     """Run worker(rank, world_size, *args) in new processes; their results.
 
@@ -924,19 +823,6 @@ def spawn_ranks(worker, world_size, *args, silence_s=60.0):
             nprocs=world_size, join=False)
         _join_ranks(context, out_dir, world_size, silence_s)
         return _collect_results(out_dir, world_size)
-
-def _run_rank(rank, worker, world_size, args, out_dir, parent_pid):
-    """Body of a process of spawn_ranks: run the worker, store its outcome.
-
-    Defined in :numref:`sec_process_groups`"""
-    _start_rank(rank, out_dir, parent_pid)
-    try:
-        result = worker(rank, world_size, *args)
-    except BaseException:
-        _record_rank_failure(rank)  # unless process_group already did
-        _leave_failed_rank()
-    _finish_rank(rank, out_dir, result)
-    _exit_if_abandoned()
 
 def _all_reduce_demo(rank, world_size, init_method):
     """Join a group, sum rank + 1 over all ranks; return what this rank saw.
@@ -995,51 +881,6 @@ def launcher_deadline(rank, world_size, timeout_s):
         done.set()
         watchdog.wait()  # it ends when told to stand down
         _launcher_timeout_s = None
-
-_WATCHDOG = (  # the program of launcher_deadline's watchdog process
-    'import os, select, signal, sys\n'
-    'pid, seconds = int(sys.argv[1]), float(sys.argv[2])\n'
-    'if not select.select([sys.stdin], [], [], seconds)[0]:  # no EOF\n'
-    '    print(sys.argv[3], file=sys.stderr, flush=True)\n'
-    '    os.kill(pid, signal.SIGKILL)\n')
-
-def _stand_down(watchdog, done, world_size):
-    """Tell `watchdog` to stand down once a process group has formed or `done` is set.
-
-    Defined in :numref:`sec_process_groups`"""
-    while world_size > 1 and not dist.is_initialized() and not done.wait(0.2):
-        pass
-    watchdog.stdin.close()  # end of its input: the watchdog exits quietly
-
-def _rendezvous_address():
-    """host:port of the rendezvous that torchrun described in the environment.
-
-    Defined in :numref:`sec_process_groups`"""
-    return (f"{os.environ.get('MASTER_ADDR', '(MASTER_ADDR unset)')}:"
-            f"{os.environ.get('MASTER_PORT', '(MASTER_PORT unset)')}")
-
-def ddp_script_path(framework=None):
-    """Path of the book's launcher script for 'torch' or 'paddle'.
-
-    Defined in :numref:`sec_process_groups`"""
-    # framework=None: the script of this module's framework
-    names = {'torch': 'ddp_train.py', 'paddle': 'ddp_train_paddle.py'}
-    if framework is None:
-        framework = __name__.rsplit('.', 1)[-1]  # d2l.torch or d2l.paddle
-    if framework not in names:
-        raise ValueError(f"framework must be 'torch' or 'paddle', "
-                         f"got {framework!r}")
-    name = names[framework]
-    # Next to d2l/ in the repository, or beside a downloaded notebook.
-    book_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    places = [os.path.join(book_root, 'chapter_multi_gpu', name),
-              os.path.join(os.getcwd(), name),
-              os.path.join(os.getcwd(), 'chapter_multi_gpu', name)]
-    for place in places:
-        if os.path.isfile(place):
-            return place
-    raise FileNotFoundError(f'{name} is in none of ' + ', '.join(places) +
-                            ": run from the book's root or notebook folder")
 
 def fashion_mnist_tensors(split):
     """Fashion-MNIST images and labels as tensors; a subset in quick mode.
@@ -3340,6 +3181,166 @@ def _destroy_after_barrier():
     # the GIL for that; freeing the group before then can deadlock.
     time.sleep(0.1)
     dist.destroy_process_group()
+
+def _check_rank(rank, world_size, what='rank'):
+    """Reject a world size below 1 or a rank outside 0..world_size-1, naming the culprit.
+
+    Defined in :numref:`sec_launchers`"""
+    size = what.replace('rank', 'world_size')  # local_rank: local_world_size
+    for name, value in ((size, world_size), (what, rank)):
+        if not _is_int(value):
+            raise ValueError(f'{name} must be an integer, got {value!r}')
+    if world_size < 1:
+        raise ValueError(f'{size} must be at least 1, got {world_size}')
+    if not 0 <= rank < world_size:
+        raise ValueError(f'{what} must lie in 0..{world_size - 1} for a '
+                         f'{size} of {world_size}, got {rank}')
+
+def _int_from_env(name, least, default=None):
+    """The integer in environment variable `name`, at least `least`; `default` if unset.
+
+    Defined in :numref:`sec_launchers`"""
+    text = os.environ.get(name)
+    if text is None:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or value < least:
+        raise ValueError(
+            f'environment variable {name}={text!r} must be an integer of at '
+            f'least {least}: unset it and start the script with the '
+            f"framework's launcher, which sets it")
+    return value
+
+def _check_timeout(timeout_s, name='timeout_s'):
+    """Accept None or a positive number of seconds for a process group's timeout.
+
+    Defined in :numref:`sec_launchers`"""
+    if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(
+            timeout_s, (int, float)) or not 0 < timeout_s < float('inf')):
+        raise ValueError(f'{name} must be a positive number of seconds or '
+                         f'None, got {timeout_s!r}')
+
+_launcher_timeout_s = None  # a launcher script's --timeout: launcher_deadline
+
+def _loopback_interface():
+    """Name of the network interface that carries this machine's loopback address.
+
+    Defined in :numref:`sec_launchers`"""
+    return 'lo0' if sys.platform == 'darwin' else 'lo'
+
+@contextlib.contextmanager
+def _environment(values, **more):
+    """Set environment variables for the body of a `with` block, then restore them.
+
+    Defined in :numref:`sec_launchers`"""
+    values = {**values, **more}
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+def _is_loopback(host):
+    """Whether `host` names an address of this machine's loopback interface.
+
+    Defined in :numref:`sec_launchers`"""
+    try:
+        return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
+    except (OSError, TypeError, ValueError):  # no such host, or no host
+        return False
+
+def _join_group(backend, init_method, rank, world_size, timeout_s):
+    """Join the default process group; a rendezvous on loopback listens on loopback only.
+
+    Defined in :numref:`sec_launchers`"""
+    if timeout_s is None:
+        timeout_s = _launcher_timeout_s
+    timeout = timeout_s and datetime.timedelta(seconds=timeout_s)  # or None
+    url = urllib.parse.urlsplit(init_method)
+    host = url.hostname
+    if url.scheme == 'env':  # set by torchrun, for example
+        host = os.environ.get('MASTER_ADDR')
+    if _is_loopback(host):
+        os.environ['GLOO_SOCKET_IFNAME'] = _loopback_interface()
+    if url.scheme != 'tcp' or not url.port or not _is_loopback(host):
+        dist.init_process_group(backend, init_method=init_method, rank=rank,
+                                world_size=world_size, timeout=timeout)
+        return
+    listener = None
+    if rank == 0:  # TCPStore itself would listen on all interfaces
+        listener = socket.create_server((url.hostname, url.port)).detach()
+    store = dist.TCPStore(url.hostname, url.port, world_size, rank == 0,
+                          timeout or dist.default_pg_timeout,
+                          master_listen_fd=listener)
+    dist.init_process_group(backend, store=store, rank=rank,
+                            world_size=world_size, timeout=timeout)
+
+def _run_rank(rank, worker, world_size, args, out_dir, parent_pid):
+    """Body of a process of spawn_ranks: run the worker, store its outcome.
+
+    Defined in :numref:`sec_launchers`"""
+    _start_rank(rank, out_dir, parent_pid)
+    try:
+        result = worker(rank, world_size, *args)
+    except BaseException:
+        _record_rank_failure(rank)  # unless process_group already did
+        _leave_failed_rank()
+    _finish_rank(rank, out_dir, result)
+    _exit_if_abandoned()
+
+_WATCHDOG = (  # the program of launcher_deadline's watchdog process
+    'import os, select, signal, sys\n'
+    'pid, seconds = int(sys.argv[1]), float(sys.argv[2])\n'
+    'if not select.select([sys.stdin], [], [], seconds)[0]:  # no EOF\n'
+    '    print(sys.argv[3], file=sys.stderr, flush=True)\n'
+    '    os.kill(pid, signal.SIGKILL)\n')
+
+def _stand_down(watchdog, done, world_size):
+    """Tell `watchdog` to stand down once a process group has formed or `done` is set.
+
+    Defined in :numref:`sec_launchers`"""
+    while world_size > 1 and not dist.is_initialized() and not done.wait(0.2):
+        pass
+    watchdog.stdin.close()  # end of its input: the watchdog exits quietly
+
+def _rendezvous_address():
+    """host:port of the rendezvous that torchrun described in the environment.
+
+    Defined in :numref:`sec_launchers`"""
+    return (f"{os.environ.get('MASTER_ADDR', '(MASTER_ADDR unset)')}:"
+            f"{os.environ.get('MASTER_PORT', '(MASTER_PORT unset)')}")
+
+def ddp_script_path(framework=None):
+    """Path of the book's launcher script for 'torch', 'mxnet', 'paddle'.
+
+    Defined in :numref:`sec_launchers`"""
+    # framework=None: the script of this module's framework
+    names = {'torch': 'ddp_train.py', 'mxnet': 'ddp_train_mxnet.py',
+             'paddle': 'ddp_train_paddle.py'}
+    if framework is None:
+        framework = __name__.rsplit('.', 1)[-1]  # d2l.torch, for example
+    if framework not in names:
+        raise ValueError(f"framework must be 'torch', 'mxnet' or "
+                         f"'paddle', got {framework!r}")
+    name = names[framework]
+    # Next to d2l/ in the repository, or beside a downloaded notebook.
+    book_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    places = [os.path.join(book_root, 'chapter_multi_gpu', name),
+              os.path.join(os.getcwd(), name),
+              os.path.join(os.getcwd(), 'chapter_multi_gpu', name)]
+    for place in places:
+        if os.path.isfile(place):
+            return place
+    raise FileNotFoundError(f'{name} is in none of ' + ', '.join(places) +
+                            ": run from the book's root or notebook folder")
 
 def _needs(stage, op, i, num_stages):
     """The steps that must run before step (stage, op, i).

@@ -183,10 +183,8 @@ def test_a_label_above_a_table_is_found():
 MAX_PAGE_LINES = 800
 STILL_LONG = {
     'chapter_multi_gpu/cost-model.md': 1129,
-    'chapter_multi_gpu/distributed-data-parallel.md': 805,
     'chapter_multi_gpu/multiple-gpus-concise.md': 927,
     'chapter_multi_gpu/multiple-gpus.md': 807,
-    'chapter_multi_gpu/process-groups.md': 961,
 }
 
 

@@ -5,7 +5,7 @@ leader of its own process group, under a hard deadline: if a scenario hangs,
 the whole group (the scenario and every worker it spawned) is killed and the
 test fails, so no test can block the suite or leave processes behind.
 MXNet has no process groups: its spawn_ranks (a parameter server) is tested
-in tests/test_parameter_server.py.
+in tests/test_parameter_server.py, its launcher helpers at the end of this file.
 The harness here (`ddp`, `run_scenario`, ...) also serves
 tests/test_distributed_data_parallel.py.
 """
@@ -20,6 +20,8 @@ import time
 
 import numpy as np
 import pytest
+
+from conftest import FRAMEWORKS, needs_mxnet
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 RESULT = 'RESULT '  # prefix of the line on which a scenario reports
@@ -272,11 +274,14 @@ def test_both_flavours_share_one_api():
     import inspect
     from d2l import paddle as d2l_paddle
     from d2l import torch as d2l_torch
+    flavours = [d2l_torch, d2l_paddle]
+    if 'mxnet' in FRAMEWORKS:
+        from d2l import mxnet as d2l_mxnet
+        flavours.append(d2l_mxnet)
     for name in ('ddp_device', 'ddp_backend', 'process_group', 'launcher_ranks',
-                 'ddp_script_path'):
-        torch_sig = inspect.signature(getattr(d2l_torch, name))
-        paddle_sig = inspect.signature(getattr(d2l_paddle, name))
-        assert torch_sig == paddle_sig, (name, torch_sig, paddle_sig)
+                 'launcher_deadline', 'ddp_script_path'):
+        sigs = [inspect.signature(getattr(m, name)) for m in flavours]
+        assert len(set(map(str, sigs))) == 1, (name, sigs)
     # Paddle's spawn_ranks adds only the backend, which there the parent picks.
     torch_params = list(inspect.signature(d2l_torch.spawn_ranks).parameters)
     paddle_params = list(inspect.signature(d2l_paddle.spawn_ranks).parameters)
@@ -855,7 +860,7 @@ def test_launcher_paragraph_shows_the_timeouts_and_says_what_is_exposed():
                      page.index('## Summary')]
     text = ' '.join(launchers.split())
     assert '--rdzv-conf timeout=900' in text  # torchrun's own wait
-    assert text.count('--timeout 600') == 2  # each script's, in both tabs
+    assert text.count('--timeout 600') == 3  # each script's, in every tab
     assert 'no option to give up' in text  # PaddlePaddle's launcher
     assert 'private network' in text
 
@@ -910,3 +915,140 @@ def test_a_launcher_s_timeout_also_bounds_each_exchange(ddp, framework):
         finish(ranks[1], 30)
     assert 'Timed out' in said or 'timed out' in said, said
     assert seconds < 60
+
+
+# ---- MXNet's launcher helpers: a scheduler, a server and workers by hand. ----
+# MXNet 1.9.1's tools/launch.py fails on Python 3.9+ (Thread.isAlive), so the
+# tests set the DMLC_* variables it would set, as spawn_ranks does.
+
+
+def dmlc_env(port, num_workers, role):
+    """The environment MXNet's launcher gives one process of a local job."""
+    return dict(scenario_env(), DMLC_ROLE=role, DMLC_PS_ROOT_URI='127.0.0.1',
+                DMLC_PS_ROOT_PORT=str(port), DMLC_NODE_HOST='127.0.0.1',
+                DMLC_NUM_WORKER=str(num_workers), DMLC_NUM_SERVER='1',
+                DMLC_JOB_CLUSTER='local', OMP_NUM_THREADS='1')
+
+
+def mxnet_job(args, num_workers=2):
+    """Start a scheduler, a server and `num_workers` workers running `python ARGS`; the workers' (out, err, proc), then the servers'."""
+    from d2l import mxnet as d2l
+    port, *worker_ports = d2l._free_ports(num_workers + 1)
+    servers = [start([sys.executable, '-c', 'import mxnet'],
+                     env=dmlc_env(port, num_workers, role))
+               for role in ('scheduler', 'server')]
+    workers = [start([sys.executable, *args], env=dict(
+        dmlc_env(port, num_workers, 'worker'), PORT=str(p)))
+        for p in worker_ports]  # ps-lite numbers workers by their ports
+    try:
+        ran = [(*finish(w, 240), w) for w in workers]
+        ended = [(*finish(s, 60), s) for s in servers]
+    finally:
+        for proc in workers + servers:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+    return ran, ended
+
+
+@needs_mxnet
+def test_mxnet_launcher_ranks_are_the_store_s_and_process_group_reuses_it():
+    code = textwrap.dedent(f'''
+        import json
+        from d2l import mxnet as d2l
+        ranks = d2l.launcher_ranks()
+        kv = d2l._JOB[0]
+        with d2l.process_group(ranks[0], ranks[1]):
+            same = d2l._STORES[-1] is kv  # a second store would never form
+            kv.init(0, d2l.np.zeros(1))
+            kv.push(0, d2l.np.array([ranks[0] + 1.0]))
+            total = d2l.np.zeros(1)
+            kv.pull(0, out=total)
+        print({RESULT!r} + json.dumps([list(ranks), kv.rank, kv.num_workers,
+                                       same, float(total[0])]), flush=True)
+        ''')
+    ran, ended = mxnet_job(['-c', code])
+    seen = [result_of(*r) for r in ran]
+    assert sorted(s[0][0] for s in seen) == [0, 1]
+    for ranks, rank, num_workers, same, total in seen:
+        assert ranks == [rank, num_workers, rank, num_workers] == [rank, 2] * 2
+        assert same and total == 3.0  # 1 + 2
+    # The workers freed the store at exit, which stops the scheduler and server.
+    assert [proc.returncode for *_, proc in ended] == [0, 0]
+
+
+@needs_mxnet
+def test_mxnet_launcher_ranks_name_a_missing_or_bad_variable(monkeypatch):
+    from d2l import mxnet as d2l
+    names = ('DMLC_ROLE', 'DMLC_PS_ROOT_URI', 'DMLC_PS_ROOT_PORT',
+             'DMLC_NUM_WORKER', 'DMLC_NUM_SERVER')
+    for name in names:
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(RuntimeError, match=', '.join(names) + " not set: start "
+                       "this script with MXNet's tools/launch.py"):
+        d2l.launcher_ranks()
+    for name, value in dmlc_env(9, 2, 'worker').items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv('DMLC_NUM_WORKER', '0')
+    with pytest.raises(ValueError, match="DMLC_NUM_WORKER='0' must be an "
+                       "integer of at least 1: unset it"):
+        d2l.launcher_ranks()
+    assert d2l._JOB == []  # it gave up before joining anything
+
+
+@needs_mxnet
+@pytest.mark.parametrize('how', ['script', 'launcher_deadline'])
+def test_mxnet_deadline_ends_a_worker_whose_peers_never_come(how, tmp_path):
+    import socket
+    from d2l import mxnet as d2l
+    if how == 'script':
+        args, who = [d2l.ddp_script_path(), '--epochs', '1', '--timeout',
+                     '3'], 'a worker'
+    else:
+        args, who = ['-c', 'from d2l import mxnet as d2l\n'
+                     'with d2l.launcher_deadline(0, 2, 3):\n'
+                     '    with d2l.process_group(0, 2):\n'
+                     '        pass\n'], 'rank 0'
+    with socket.socket() as deaf:  # a scheduler that never answers
+        deaf.bind(('127.0.0.1', 0))
+        deaf.listen(8)
+        port = deaf.getsockname()[1]
+        began = time.monotonic()
+        proc = start([sys.executable] + args, cwd=tmp_path,
+                     env=dmlc_env(port, 2, 'worker'))
+        out, err = finish(proc, 150)
+        seconds = time.monotonic() - began
+    address = f'127.0.0.1:{port}'
+    assert proc.returncode != 0
+    assert f'{who} waits for all 2 workers at {address} until' in out, out
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(f'{who}: no job formed at {address} within 3 s'), \
+        err[-3000:]
+    assert 'larger timeout' in last
+    assert 'Traceback' not in err, err[-3000:]
+    assert seconds < 90  # 3 s of waiting after MXNet's import
+
+
+@needs_mxnet
+@pytest.mark.slow
+def test_mxnet_script_trains_under_the_launcher_s_variables():
+    from d2l import mxnet as d2l
+    ran, ended = mxnet_job([d2l.ddp_script_path(), '--epochs', '1'])
+    for out, err, proc in ran:
+        assert proc.returncode == 0, err[-4000:]
+    text = ''.join(out for out, _, _ in ran)
+    assert '2 processes, backend dist_sync' in text and 'test accuracy' in text
+    assert [proc.returncode for *_, proc in ended] == [0, 0]
+
+
+@needs_mxnet
+def test_mxnet_launcher_script_lies_where_the_book_says_and_states_its_timeout():
+    from d2l import mxnet as d2l
+    path = pathlib.Path(d2l.ddp_script_path())
+    assert path == ROOT / 'chapter_multi_gpu' / 'ddp_train_mxnet.py'
+    assert 'launcher_ranks' in path.read_text()
+    shown = subprocess.run([sys.executable, str(path), '--help'],
+                           capture_output=True, text=True, timeout=120,
+                           env=scenario_env())
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    text = ' '.join(shown.stdout.split())
+    assert '--timeout' in text and '(default: 300)' in text

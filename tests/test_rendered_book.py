@@ -385,9 +385,8 @@ def test_no_heading_or_code_cell_escapes_its_tab_group(rendered, page_path):
 
 # Code blocks that still lack a framework, by page and framework: each shows
 # the notice "No <framework> version of this code". The list may only shrink
-# (MXNet's launcher helpers).
+# (none left: every block has all three frameworks).
 STILL_WITHOUT = {
-    ('chapter_multi_gpu/process-groups.html', 'mxnet'): 2,
 }
 
 
