@@ -3103,9 +3103,10 @@ def _serve(role, env, log_path, parent_pid):
     os.execv(sys.executable, [sys.executable, '-c', 'import mxnet'])
 
 def _check_number(name, value, positive=False):
-    """Reject a value that is not a finite real number >= 0 (> 0 if `positive`), naming it."""
+    """Reject a value that is not a finite number >= 0 (> 0 if `positive`)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real) \
-            or not math.isfinite(value) or value < 0 or (positive and value == 0):
+            or not math.isfinite(value) or value < 0 \
+            or (positive and value == 0):
         raise ValueError(f'{name} must be a finite number '
                          f'{"> 0" if positive else ">= 0"}, got {value!r}')
 
@@ -3116,14 +3117,14 @@ def _check_int(name, value, low, why=''):
         raise ValueError(f'{name} must be an int >= {low}{why}, got {value!r}')
 
 def _check_cost_args(num_bytes, k, alpha, beta):
-    """Reject sizes or times that are negative or not finite, and k below 1, naming the argument."""
+    """Reject negative or infinite sizes or times, and k below 1."""
     for name, value in (('num_bytes', num_bytes), ('alpha', alpha),
                         ('beta', beta)):
         _check_number(name, value)
     _check_int('k (the number of processes)', k, 1)
 
 def _check_world_of_two(world_size):
-    """Reject a world size that is not an int >= 2: one process has nothing to allreduce."""
+    """Reject a world size below 2: one process has nothing to allreduce."""
     _check_int('world_size', world_size, 2, ' (one process sends nothing)')
 
 def _check_timings(num_bytes, seconds, k):
@@ -3132,17 +3133,17 @@ def _check_timings(num_bytes, seconds, k):
     Defined in :numref:`sec_cost_model_machinery`"""
     _check_int('k', k, 2, ' (one process sends nothing)')
     if len(num_bytes) != len(seconds) or len(set(num_bytes)) < 2:
-        raise ValueError('num_bytes and seconds must have the same length, and '
-                         'num_bytes needs at least two different sizes to fit '
-                         f'a line; got {num_bytes!r} and {seconds!r}')
+        raise ValueError('num_bytes and seconds must have the same length, '
+                         'and num_bytes needs at least two different sizes '
+                         f'to fit a line; got {num_bytes!r} and {seconds!r}')
     for name, values in (('num_bytes', num_bytes), ('seconds', seconds)):
         for v in values:
             _check_number(name, v, positive=True)
 
 def _check_step_args(t_compute, cores, threads, accumulate, overlap):
-    """Reject arguments of predict_step_time that are not positive, or an overlap outside [0, 1].
-
-    Defined in :numref:`sec_cost_model_machinery`"""
+    """Defined in :numref:`sec_cost_model_machinery`"""
+    """Reject non-positive arguments of predict_step_time, or an overlap
+    outside [0, 1]."""
     _check_number('t_compute', t_compute, positive=True)
     for name, value in (('threads', threads), ('accumulate', accumulate),
                         ('cores', 1 if cores is None else cores)):

@@ -1,7 +1,7 @@
 """List visible code lines over 79 characters and visible cells over 30 lines.
 
 Visible: the code cells of chapter_multi_gpu/*.md and
-chapter_appendix/d2l-package.md not marked #@hide, without their
+chapter_appendix/*.md not marked #@hide, without their
 #@tab/#@save/#@hide marker lines (d2lbook does not show those), and the
 launcher scripts chapter_multi_gpu/*.py. Prints one line per problem and a
 count; exits 1 if there is any.
@@ -33,7 +33,7 @@ def cells(text):
 
 def problems():
     pages = sorted(ROOT.glob('chapter_multi_gpu/*.md'))
-    pages.append(ROOT / 'chapter_appendix' / 'd2l-package.md')
+    pages += sorted(ROOT.glob('chapter_appendix/*.md'))
     for page in pages:
         name = page.relative_to(ROOT)
         for start, cell in cells(page.read_text()):
