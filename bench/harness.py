@@ -24,7 +24,9 @@ SETTINGS = {
         loader_batch=256, loader_epochs=20, loader_reps=7,
         cm_sizes=[4_000, 40_000, 400_000, 4_000_000, 40_000_000, 100_000_000],
         cm_ks=[1, 2, 4], cm_batch=16, cm_steps=1, cm_reps=3,
-        cm_models=['lenet', 'resnet18'], cm_models_paddle=['lenet']),
+        cm_models=['lenet', 'resnet18'], cm_models_paddle=['lenet'],
+        cm_pipeline=dict(depth=4, width=256, batch=64, ms=[1, 4]),
+        cm_tensor=[(256, 1024, 64)]),
     'full': dict(
         warmup=3,
         lenet_batch=256, lenet_steps=50, lenet_reps=9,
@@ -36,7 +38,9 @@ SETTINGS = {
         cm_sizes=[4_000, 40_000, 400_000, 4_000_000, 40_000_000, 100_000_000],
         cm_ks=[1, 2, 4], cm_batch=64, cm_steps=4, cm_reps=5,
         cm_models=['lenet', 'resnet18'],
-        cm_models_paddle=['lenet', 'resnet18']),
+        cm_models_paddle=['lenet', 'resnet18'],
+        cm_pipeline=dict(depth=8, width=1024, batch=256, ms=[1, 2, 4, 8]),
+        cm_tensor=[(256, 1024, 256), (512, 2048, 256)]),
     # For the smoke test: every code path once or twice, in seconds.
     'tiny': dict(
         warmup=1,
@@ -47,7 +51,9 @@ SETTINGS = {
         ddp_batch=8, ddp_steps=1, ddp_reps=1, ddp_warmup=1,
         loader_batch=64, loader_epochs=1, loader_reps=2,
         cm_sizes=[4_000, 16_000_000], cm_ks=[1, 2], cm_batch=8, cm_steps=1,
-        cm_reps=1, cm_models=['lenet'], cm_models_paddle=['lenet']),
+        cm_reps=1, cm_models=['lenet'], cm_models_paddle=['lenet'],
+        cm_pipeline=dict(depth=2, width=32, batch=16, ms=[2]),
+        cm_tensor=[(16, 64, 8)]),
 }
 FRAMEWORKS = ('pytorch', 'mxnet', 'paddle')
 MODULES = {'pytorch': 'torch', 'mxnet': 'mxnet', 'paddle': 'paddle'}
@@ -302,6 +308,18 @@ def format_table(results):
                              f'{r["measured_s"]:.4f}',
                              f'error {r["error"]:+.0%} (from one process '
                              f'alone {r["error_from_alone"]:+.0%})'))
+            for r in m.get('pipeline', []):
+                rows.append((fw, f'pipeline, 2 stages, m={r["m"]} '
+                                 f'(s/step)',
+                             f'predicted {r["predicted_s"]:.4f} / measured '
+                             f'{r["measured_s"]:.4f}',
+                             f'ratio {r["predicted_s"] / r["measured_s"]:.2f}'))
+            for r in m.get('tensor', []):
+                rows.append((fw, f'tensor MLP d={r["d"]} h={r["hidden"]} '
+                                 f'b={r["batch"]}, k=2 (s/pass)',
+                             f'predicted {r["predicted_s"]:.4f} / measured '
+                             f'{r["measured_s"]:.4f}',
+                             f'ratio {r["predicted_s"] / r["measured_s"]:.2f}'))
         if 'scratch_lenet' in res and 'model_ratio' in res['scratch_lenet']:
             m = res['scratch_lenet']
             rows.append((fw, 'from-scratch LeNet 2dev/1dev, cost model',

@@ -4,6 +4,7 @@ They call the book's own saved functions through `ops.d2l`; a function a
 section has not saved (yet) makes that measurement report why it was skipped
 instead of failing the whole run.
 """
+import statistics
 import numpy as np
 
 from bench.harness import (MB, TRAIN_FLOPS_PER_FORWARD, bytes_per_device,
@@ -368,7 +369,9 @@ def cost_model(ops, s):
                 sizes=sizes, allreduce_s=allreduce_s, alpha_beta=fits,
                 gradient_bytes=grad, rows=rows,
                 max_abs_error=max(abs(r['error']) for r in rows),
-                within_25_percent=sum(abs(r['error']) <= 0.25 for r in rows))
+                within_25_percent=sum(abs(r['error']) <= 0.25 for r in rows),
+                **_model_parallel_rows(d2l, s, fits[2], fits[2],
+                                       d2l.ring_allreduce_time))
 
 
 def _cost_model_parameter_server(ops, s):
@@ -408,7 +411,52 @@ def _cost_model_parameter_server(ops, s):
                 sizes=sizes, allreduce_s=allreduce_s, alpha_beta=fits,
                 gradient_bytes=grad, rows=rows,
                 max_abs_error=max(abs(r['error']) for r in rows),
-                within_25_percent=sum(abs(r['error']) <= 0.25 for r in rows))
+                within_25_percent=sum(abs(r['error']) <= 0.25 for r in rows),
+                # stages are threads: their messages cost nothing
+                **_model_parallel_rows(d2l, s, (0.0, 0.0), fits[2],
+                                       ps_time))
+
+
+def _model_parallel_rows(d2l, s, p2p_fit, tensor_fit, collective):
+    """The cost-model section's pipeline and tensor rows: GPipe on two
+    stages (time_pipeline) against the bubble formula plus the sends
+    (predict_pipeline_time), and the MLP block on two processes
+    (time_tensor_parallel) against compute/2 plus two allreduces
+    (predict_tensor_time), both priced with the constants fitted at k = 2."""
+    import numpy
+    (time_pipeline, pipeline_schedule, work_and_span, predict_pipeline,
+     time_tp, predict_tp) = need(
+        d2l, 'time_pipeline', 'pipeline_schedule', 'pipeline_work_and_span',
+        'predict_pipeline_time', 'time_tensor_parallel',
+        'predict_tensor_time')
+    pipe, reps, steps = s['cm_pipeline'], s['cm_reps'], s['cm_steps']
+    rng = numpy.random.default_rng(0)
+    X = d2l._tensor(rng.standard_normal(
+        (pipe['batch'], 784)).astype('float32'))
+    y = d2l._tensor(rng.integers(0, 10, pipe['batch']))
+    ms = pipe['ms']
+    runs = [(pipeline_schedule('gpipe', 2, m), m) for m in ms]
+    records = time_pipeline(runs[-1:] + runs * reps, 2, X, y, pipe['depth'],
+                            pipe['width'])[1:]
+    pipeline = []
+    for j, m in enumerate(ms):
+        work, span = zip(*(work_and_span(r['times'])
+                           for r in records[j::len(ms)]))
+        w, t = statistics.median(work), statistics.median(span)
+        n = 4 * pipe['batch'] // m * pipe['width']
+        pipeline.append(dict(m=m, stages=2, stage_work_s=w, message_bytes=n,
+                             predicted_s=predict_pipeline(w, 2, m, n,
+                                                          *p2p_fit),
+                             measured_s=t))
+    tensor = []
+    for d, h, b in s['cm_tensor']:
+        whole, part = time_tp(2, d, h, b, steps, reps)
+        tensor.append(dict(d=d, hidden=h, batch=b, k=2, whole_s=whole,
+                           predicted_s=predict_tp(
+                               whole, 2, 4 * b * d, *tensor_fit,
+                               collective=collective),
+                           measured_s=part))
+    return dict(pipeline=pipeline, tensor=tensor)
 
 
 def memory(ops, s):

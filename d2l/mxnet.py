@@ -1936,73 +1936,6 @@ import numbers
 import statistics
 import time
 
-def _check_number(name, value, positive=False):
-    """Reject a value that is not a finite real number >= 0 (> 0 if `positive`), naming it.
-
-    Defined in :numref:`sec_cost_model`"""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) \
-            or not math.isfinite(value) or value < 0 or (positive and value == 0):
-        raise ValueError(f'{name} must be a finite number '
-                         f'{"> 0" if positive else ">= 0"}, got {value!r}')
-
-def _check_int(name, value, low, why=''):
-    """Reject a value that is not an int >= `low`, naming it.
-
-    Defined in :numref:`sec_cost_model`"""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) \
-            or value < low:
-        raise ValueError(f'{name} must be an int >= {low}{why}, got {value!r}')
-
-def _check_cost_args(num_bytes, k, alpha, beta):
-    """Reject sizes or times that are negative or not finite, and k below 1, naming the argument.
-
-    Defined in :numref:`sec_cost_model`"""
-    for name, value in (('num_bytes', num_bytes), ('alpha', alpha),
-                        ('beta', beta)):
-        _check_number(name, value)
-    _check_int('k (the number of processes)', k, 1)
-
-def _check_world_of_two(world_size):
-    """Reject a world size that is not an int >= 2: one process has nothing to allreduce.
-
-    Defined in :numref:`sec_cost_model`"""
-    _check_int('world_size', world_size, 2, ' (one process sends nothing)')
-
-def _check_timings(num_bytes, seconds, k):
-    """Reject timings that fit_alpha_beta cannot fit a line to, saying why.
-
-    Defined in :numref:`sec_cost_model`"""
-    _check_int('k', k, 2, ' (one process sends nothing)')
-    if len(num_bytes) != len(seconds) or len(set(num_bytes)) < 2:
-        raise ValueError('num_bytes and seconds must have the same length, and '
-                         'num_bytes needs at least two different sizes to fit '
-                         f'a line; got {num_bytes!r} and {seconds!r}')
-    for name, values in (('num_bytes', num_bytes), ('seconds', seconds)):
-        for v in values:
-            _check_number(name, v, positive=True)
-
-def _check_step_args(t_compute, cores, threads, accumulate, overlap):
-    """Reject arguments of predict_step_time that are not positive, or an overlap outside [0, 1].
-
-    Defined in :numref:`sec_cost_model`"""
-    _check_number('t_compute', t_compute, positive=True)
-    for name, value in (('threads', threads), ('accumulate', accumulate),
-                        ('cores', 1 if cores is None else cores)):
-        _check_int(name, value, 1)
-    _check_number('overlap (the hidden fraction of the allreduce)', overlap)
-    if overlap > 1:
-        raise ValueError(f'overlap must be at most 1, got {overlap!r}')
-
-def _check_sizes(sizes, reps):
-    """Reject an empty or non-positive list of byte sizes, or reps below 1.
-
-    Defined in :numref:`sec_cost_model`"""
-    sizes = list(sizes) or [None]
-    for n in sizes:
-        _check_int('sizes (a non-empty list of bytes of float32)', n, 4)
-    _check_int('reps', reps, 1)
-    return sizes
-
 def ring_allreduce_time(num_bytes, k, alpha, beta):
     """Alpha-beta seconds of a ring allreduce of `num_bytes` over `k` ranks.
 
@@ -2056,66 +1989,6 @@ def fit_ps_alpha_beta(num_bytes, seconds, k, servers=1):
     a2, b2 = fit_alpha_beta(num_bytes, seconds, 2)  # a = 2 a2, b = b2
     return a2, b2 / (2 * max(1, k / servers))
 
-def _alternating_rounds(jobs, reps, wait=lambda: None, sync=lambda: None):
-    """Seconds of each function in `jobs` in `reps` alternating rounds.
-
-    Defined in :numref:`sec_cost_model`"""
-    seconds = [[0.0] * len(jobs) for _ in range(reps)]
-    for r in range(reps):
-        order = range(len(jobs)) if r % 2 == 0 else range(len(jobs))[::-1]
-        for i in order:
-            wait()  # all processes start each timing together
-            began = time.perf_counter()
-            jobs[i]()
-            sync()  # a GPU's work ends when it is done, not when it is queued
-            seconds[r][i] = time.perf_counter() - began
-    return seconds
-
-def _slowest_medians(per_process):
-    """Per job, the median over rounds of the slowest process's seconds.
-
-    Defined in :numref:`sec_cost_model`"""
-    # rounds: each process's result of _alternating_rounds
-    rounds = [[max(col) for col in zip(*rows)] for rows in zip(*per_process)]
-    return [statistics.median(col) for col in zip(*rounds)]
-
-def time_all_reduce(world_size, sizes, reps=3, calls=5):
-    """Median seconds per push and pull of each byte size in `sizes`.
-
-    Defined in :numref:`sec_cost_model`"""
-    sizes = _check_sizes(sizes, reps)
-    _check_int('calls', calls, 1)
-    _check_world_of_two(world_size)
-    return _slowest_medians(spawn_ranks(
-        _all_reduce_worker, world_size, 'env://', sizes, reps, calls))
-
-def _all_reduce_worker(rank, world_size, init_method, sizes, reps, calls):
-    """One worker of time_all_reduce: its seconds per call of each size.
-
-    Defined in :numref:`sec_cost_model`"""
-    with process_group(rank, world_size, init_method) as device:
-        return _all_reduce_rounds(
-            [np.zeros(n // 4, ctx=device) for n in sizes], reps, calls,
-            npx.waitall)
-
-def _all_reduce_rounds(bufs, reps, calls, sync):
-    """Seconds per push and pull of each buffer in alternating rounds.
-
-    Defined in :numref:`sec_cost_model`"""
-    kv = _STORES[-1]
-    keys = [next(_SUM_KEYS) for _ in bufs]  # keys no Trainer uses
-    for key, x in zip(keys, bufs):
-        kv.init(key, x)
-        kv.pushpull(key, x, out=x)  # untimed: the first call sets up
-    def exchange(key, x):
-        for _ in range(calls):
-            kv.pushpull(key, x, out=x)
-        x.wait_to_read()
-    seconds = _alternating_rounds(
-        [lambda k=key, x=x: exchange(k, x) for key, x in zip(keys, bufs)],
-        reps, kv._barrier, sync)
-    return [[s / calls for s in row] for row in seconds]
-
 def ddp_buckets(num_bytes, bucket_cap_mb=25, first_bucket_mb=1):
     """Byte sizes of DDP's gradient buckets for `num_bytes` of gradients.
 
@@ -2145,66 +2018,56 @@ def predict_step_time(t_compute, num_bytes, k, alpha, beta, cores=None,
                for b in ddp_buckets(num_bytes, bucket_cap_mb))
     return t_compute * share + (1 - overlap) * comm / accumulate
 
-def cost_model_net(model):
-    """LeNet ('lenet') or the book's ResNet-18 ('resnet18'), uninitialised.
+def predict_pipeline_time(t_stage, num_stages, num_microbatches,
+                          message_bytes, alpha, beta):
+    """Seconds per pipelined step: the bubble plus the sends that fill it.
 
     Defined in :numref:`sec_cost_model`"""
-    if model == 'lenet':
-        net = nn.Sequential()
-        net.add(nn.Conv2D(6, 5, padding=2, in_channels=1, activation='relu'),
-                nn.MaxPool2D(2),
-                nn.Conv2D(16, 5, in_channels=6, activation='relu'),
-                nn.MaxPool2D(2), nn.Flatten(),
-                nn.Dense(120, 'relu', in_units=400),
-                nn.Dense(84, 'relu', in_units=120), nn.Dense(10, in_units=84))
-        return net
-    if model == 'resnet18':
-        return resnet18(10)
-    raise ValueError(f"model must be 'lenet' or 'resnet18', got {model!r}")
+    _check_int('num_stages', num_stages, 1)
+    _check_cost_args(message_bytes, num_stages, alpha, beta)
+    _check_number('t_stage', t_stage, positive=True)
+    _check_int('num_microbatches', num_microbatches, 1)
+    p, m = num_stages, num_microbatches
+    return (m + p - 1) / m * t_stage + 2 * (p - 1) * (
+        alpha + beta * message_bytes)
 
-def gradient_bytes(net):
-    """Bytes of float32 gradients of `net`'s trainable parameters.
+def predict_tensor_time(t_compute, k, activation_bytes, alpha, beta,
+                        blocks=1, collective=None):
+    """Seconds per tensor-parallel pass: compute/k plus 2 allreduces/block.
 
     Defined in :numref:`sec_cost_model`"""
-    return sum(4 * math.prod(p.shape) for p in net.collect_params().values()
-               if p.grad_req != 'null')
+    _check_cost_args(activation_bytes, k, alpha, beta)
+    _check_number('t_compute', t_compute, positive=True)
+    _check_int('blocks', blocks, 1)
+    exchange = collective or ring_allreduce_time  # or ps_pushpull_time
+    return t_compute / k + 2 * blocks * exchange(activation_bytes, k,
+                                                 alpha, beta)
 
-def time_compute(model, batch_size, threads=None, num_steps=2, warmup=1,
-                 reps=3, bf16=False):
-    """Median seconds per plain SGD step of `model` on `batch_size` images.
+def pipeline_work_and_span(times):
+    """The busiest stage's step seconds and the run's span, from its times.
 
     Defined in :numref:`sec_cost_model`"""
-    cost_model_net(model)  # rejects an unknown name
+    if not times:
+        raise ValueError("times must hold a run's steps, as time_pipeline's")
+    busy = {}
+    for s, _, _, start, end in times:
+        busy[s] = busy.get(s, 0.0) + end - start
+    return max(busy.values()), max(t[4] for t in times) - min(
+        t[3] for t in times)
+
+def time_tensor_parallel(k, d, hidden, batch_size, num_steps=2, reps=3):
+    """Median seconds per pass of the whole MLP block and of its k parts.
+
+    Defined in :numref:`sec_cost_model`"""
+    _check_int('k', k, 2, ' (one process splits nothing)')
+    _check_int('hidden', hidden, k, ' (a hidden unit per process)')
+    _check_mlp_sizes(d, hidden, 0)
+    _check_int('batch_size', batch_size, 1)
     _check_sizes([4], reps)
-    if bf16:
-        raise ValueError('bf16=True: this tab times float32 only')
-    with _environment({'OMP_NUM_THREADS': str(threads or 1)}):
-        return _slowest_medians(spawn_ranks(
-            _compute_worker, 1, model, batch_size, num_steps, warmup,
-            reps))[0]
-
-def _compute_worker(rank, world_size, model, batch_size, num_steps, warmup,
-                    reps):
-    """The worker of time_compute: seconds per step in rounds, no exchange.
-
-    Defined in :numref:`sec_cost_model`"""
-    mx.random.seed(0)
-    net = cost_model_net(model)
-    net.initialize(init.Xavier())
-    trainer = gluon.Trainer(net.collect_params(), 'sgd',
-                            {'learning_rate': 0.01}, kvstore=None)
-    X, y = timing_batch(batch_size)
-    loss = gluon.loss.SoftmaxCrossEntropyLoss()
-    def steps(n):
-        for _ in range(n):
-            with autograd.record():
-                l = loss(net(X), y)
-            l.backward()
-            trainer.step(batch_size)
-        npx.waitall()
-    steps(warmup)
-    seconds = _alternating_rounds([lambda: steps(num_steps)], reps)
-    return [[s / num_steps for s in row] for row in seconds]
+    _check_int('num_steps', num_steps, 1)
+    return _slowest_medians(spawn_ranks(
+        _tp_timing_worker, k, _rendezvous(), d, hidden, batch_size,
+        num_steps, reps))
 
 import math
 import numbers
@@ -3393,3 +3256,204 @@ def _tp_wrong_worker(rank, world_size, init_method, d, hidden):
             except ValueError as error:
                 errors.append(str(error))
         return errors
+
+def _check_number(name, value, positive=False):
+    """Reject a value that is not a finite number >= 0 (> 0 if `positive`)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) \
+            or not math.isfinite(value) or value < 0 \
+            or (positive and value == 0):
+        raise ValueError(f'{name} must be a finite number '
+                         f'{"> 0" if positive else ">= 0"}, got {value!r}')
+
+def _check_int(name, value, low, why=''):
+    """Reject a value that is not an int >= `low`, naming it."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) \
+            or value < low:
+        raise ValueError(f'{name} must be an int >= {low}{why}, got {value!r}')
+
+def _check_cost_args(num_bytes, k, alpha, beta):
+    """Reject negative or infinite sizes or times, and k below 1."""
+    for name, value in (('num_bytes', num_bytes), ('alpha', alpha),
+                        ('beta', beta)):
+        _check_number(name, value)
+    _check_int('k (the number of processes)', k, 1)
+
+def _check_world_of_two(world_size):
+    """Reject a world size below 2: one process has nothing to allreduce."""
+    _check_int('world_size', world_size, 2, ' (one process sends nothing)')
+
+def _check_timings(num_bytes, seconds, k):
+    """Reject timings that fit_alpha_beta cannot fit a line to, saying why.
+
+    Defined in :numref:`sec_cost_model_machinery`"""
+    _check_int('k', k, 2, ' (one process sends nothing)')
+    if len(num_bytes) != len(seconds) or len(set(num_bytes)) < 2:
+        raise ValueError('num_bytes and seconds must have the same length, '
+                         'and num_bytes needs at least two different sizes '
+                         f'to fit a line; got {num_bytes!r} and {seconds!r}')
+    for name, values in (('num_bytes', num_bytes), ('seconds', seconds)):
+        for v in values:
+            _check_number(name, v, positive=True)
+
+def _check_step_args(t_compute, cores, threads, accumulate, overlap):
+    """Defined in :numref:`sec_cost_model_machinery`"""
+    """Reject non-positive arguments of predict_step_time, or an overlap
+    outside [0, 1]."""
+    _check_number('t_compute', t_compute, positive=True)
+    for name, value in (('threads', threads), ('accumulate', accumulate),
+                        ('cores', 1 if cores is None else cores)):
+        _check_int(name, value, 1)
+    _check_number('overlap (the hidden fraction of the allreduce)', overlap)
+    if overlap > 1:
+        raise ValueError(f'overlap must be at most 1, got {overlap!r}')
+
+def _check_sizes(sizes, reps):
+    """Reject an empty or non-positive list of byte sizes, or reps below 1.
+
+    Defined in :numref:`sec_cost_model_machinery`"""
+    sizes = list(sizes) or [None]
+    for n in sizes:
+        _check_int('sizes (a non-empty list of bytes of float32)', n, 4)
+    _check_int('reps', reps, 1)
+    return sizes
+
+def _alternating_rounds(jobs, reps, wait=lambda: None, sync=lambda: None):
+    """Seconds of each function in `jobs` in `reps` alternating rounds.
+
+    Defined in :numref:`sec_cost_model_machinery`"""
+    seconds = [[0.0] * len(jobs) for _ in range(reps)]
+    for r in range(reps):
+        order = range(len(jobs)) if r % 2 == 0 else range(len(jobs))[::-1]
+        for i in order:
+            wait()  # all processes start each timing together
+            began = time.perf_counter()
+            jobs[i]()
+            sync()  # a GPU's work ends when it is done, not when it is queued
+            seconds[r][i] = time.perf_counter() - began
+    return seconds
+
+def _slowest_medians(per_process):
+    """Per job, the median over rounds of the slowest process's seconds.
+
+    Defined in :numref:`sec_cost_model_machinery`"""
+    # rounds: each process's result of _alternating_rounds
+    rounds = [[max(col) for col in zip(*rows)] for rows in zip(*per_process)]
+    return [statistics.median(col) for col in zip(*rounds)]
+
+def time_all_reduce(world_size, sizes, reps=3, calls=5):
+    """Median seconds per push and pull of each byte size in `sizes`.
+
+    Defined in :numref:`sec_cost_model_machinery`"""
+    sizes = _check_sizes(sizes, reps)
+    _check_int('calls', calls, 1)
+    _check_world_of_two(world_size)
+    return _slowest_medians(spawn_ranks(
+        _all_reduce_worker, world_size, 'env://', sizes, reps, calls))
+
+def _all_reduce_worker(rank, world_size, init_method, sizes, reps, calls):
+    """One worker of time_all_reduce: its seconds per call of each size.
+
+    Defined in :numref:`sec_cost_model_machinery`"""
+    with process_group(rank, world_size, init_method) as device:
+        return _all_reduce_rounds(
+            [np.zeros(n // 4, ctx=device) for n in sizes], reps, calls,
+            npx.waitall)
+
+def _all_reduce_rounds(bufs, reps, calls, sync):
+    """Seconds per push and pull of each buffer in alternating rounds.
+
+    Defined in :numref:`sec_cost_model_machinery`"""
+    kv = _STORES[-1]
+    keys = [next(_SUM_KEYS) for _ in bufs]  # keys no Trainer uses
+    for key, x in zip(keys, bufs):
+        kv.init(key, x)
+        kv.pushpull(key, x, out=x)  # untimed: the first call sets up
+    def exchange(key, x):
+        for _ in range(calls):
+            kv.pushpull(key, x, out=x)
+        x.wait_to_read()
+    seconds = _alternating_rounds(
+        [lambda k=key, x=x: exchange(k, x) for key, x in zip(keys, bufs)],
+        reps, kv._barrier, sync)
+    return [[s / calls for s in row] for row in seconds]
+
+def cost_model_net(model):
+    """LeNet ('lenet') or the book's ResNet-18 ('resnet18'), uninitialised.
+
+    Defined in :numref:`sec_cost_model_machinery`"""
+    if model == 'lenet':
+        net = nn.Sequential()
+        net.add(nn.Conv2D(6, 5, padding=2, in_channels=1, activation='relu'),
+                nn.MaxPool2D(2),
+                nn.Conv2D(16, 5, in_channels=6, activation='relu'),
+                nn.MaxPool2D(2), nn.Flatten(),
+                nn.Dense(120, 'relu', in_units=400),
+                nn.Dense(84, 'relu', in_units=120), nn.Dense(10, in_units=84))
+        return net
+    if model == 'resnet18':
+        return resnet18(10)
+    raise ValueError(f"model must be 'lenet' or 'resnet18', got {model!r}")
+
+def gradient_bytes(net):
+    """Bytes of float32 gradients of `net`'s trainable parameters.
+
+    Defined in :numref:`sec_cost_model_machinery`"""
+    return sum(4 * math.prod(p.shape) for p in net.collect_params().values()
+               if p.grad_req != 'null')
+
+def time_compute(model, batch_size, threads=None, num_steps=2, warmup=1,
+                 reps=3, bf16=False):
+    """Median seconds per plain SGD step of `model` on `batch_size` images.
+
+    Defined in :numref:`sec_cost_model_machinery`"""
+    cost_model_net(model)  # rejects an unknown name
+    _check_sizes([4], reps)
+    if bf16:
+        raise ValueError('bf16=True: this tab times float32 only')
+    with _environment({'OMP_NUM_THREADS': str(threads or 1)}):
+        return _slowest_medians(spawn_ranks(
+            _compute_worker, 1, model, batch_size, num_steps, warmup,
+            reps))[0]
+
+def _compute_worker(rank, world_size, model, batch_size, num_steps, warmup,
+                    reps):
+    """The worker of time_compute: seconds per step in rounds, no exchange.
+
+    Defined in :numref:`sec_cost_model_machinery`"""
+    mx.random.seed(0)
+    net = cost_model_net(model)
+    net.initialize(init.Xavier())
+    trainer = gluon.Trainer(net.collect_params(), 'sgd',
+                            {'learning_rate': 0.01}, kvstore=None)
+    X, y = timing_batch(batch_size)
+    loss = gluon.loss.SoftmaxCrossEntropyLoss()
+    def steps(n):
+        for _ in range(n):
+            with autograd.record():
+                l = loss(net(X), y)
+            l.backward()
+            trainer.step(batch_size)
+        npx.waitall()
+    steps(warmup)
+    seconds = _alternating_rounds([lambda: steps(num_steps)], reps)
+    return [[s / num_steps for s in row] for row in seconds]
+
+_tp_barrier = lambda: _dist_store()._barrier()  # the store's barrier
+_rendezvous = lambda: None  # the store finds its scheduler by itself
+
+def _tp_timing_worker(rank, world_size, init_method, d, hidden, batch_size,
+                      num_steps, reps):
+    """Worker: seconds per pass of the whole MLP block and of its part.
+
+    Defined in :numref:`sec_cost_model_machinery`"""
+    with _group(rank, world_size, init_method):
+        whole = block_mlp(d, hidden)
+        part = tp_mlp(block_mlp(d, hidden), CountingAllreduce())
+        X, Y = mlp_data(batch_size, d)
+        jobs = [lambda net=net: [mlp_pass(net, X, Y)
+                                 for _ in range(num_steps)]
+                for net in (whole, part)]
+        for job in jobs:  # untimed: the first pass sets up buffers
+            job()
+        seconds = _alternating_rounds(jobs, reps, _tp_barrier)
+        return [[s / num_steps for s in row] for row in seconds]

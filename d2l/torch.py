@@ -2029,73 +2029,6 @@ import numbers
 import statistics
 import time
 
-def _check_number(name, value, positive=False):
-    """Reject a value that is not a finite real number >= 0 (> 0 if `positive`), naming it.
-
-    Defined in :numref:`sec_cost_model`"""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) \
-            or not math.isfinite(value) or value < 0 or (positive and value == 0):
-        raise ValueError(f'{name} must be a finite number '
-                         f'{"> 0" if positive else ">= 0"}, got {value!r}')
-
-def _check_int(name, value, low, why=''):
-    """Reject a value that is not an int >= `low`, naming it.
-
-    Defined in :numref:`sec_cost_model`"""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) \
-            or value < low:
-        raise ValueError(f'{name} must be an int >= {low}{why}, got {value!r}')
-
-def _check_cost_args(num_bytes, k, alpha, beta):
-    """Reject sizes or times that are negative or not finite, and k below 1, naming the argument.
-
-    Defined in :numref:`sec_cost_model`"""
-    for name, value in (('num_bytes', num_bytes), ('alpha', alpha),
-                        ('beta', beta)):
-        _check_number(name, value)
-    _check_int('k (the number of processes)', k, 1)
-
-def _check_world_of_two(world_size):
-    """Reject a world size that is not an int >= 2: one process has nothing to allreduce.
-
-    Defined in :numref:`sec_cost_model`"""
-    _check_int('world_size', world_size, 2, ' (one process sends nothing)')
-
-def _check_timings(num_bytes, seconds, k):
-    """Reject timings that fit_alpha_beta cannot fit a line to, saying why.
-
-    Defined in :numref:`sec_cost_model`"""
-    _check_int('k', k, 2, ' (one process sends nothing)')
-    if len(num_bytes) != len(seconds) or len(set(num_bytes)) < 2:
-        raise ValueError('num_bytes and seconds must have the same length, and '
-                         'num_bytes needs at least two different sizes to fit '
-                         f'a line; got {num_bytes!r} and {seconds!r}')
-    for name, values in (('num_bytes', num_bytes), ('seconds', seconds)):
-        for v in values:
-            _check_number(name, v, positive=True)
-
-def _check_step_args(t_compute, cores, threads, accumulate, overlap):
-    """Reject arguments of predict_step_time that are not positive, or an overlap outside [0, 1].
-
-    Defined in :numref:`sec_cost_model`"""
-    _check_number('t_compute', t_compute, positive=True)
-    for name, value in (('threads', threads), ('accumulate', accumulate),
-                        ('cores', 1 if cores is None else cores)):
-        _check_int(name, value, 1)
-    _check_number('overlap (the hidden fraction of the allreduce)', overlap)
-    if overlap > 1:
-        raise ValueError(f'overlap must be at most 1, got {overlap!r}')
-
-def _check_sizes(sizes, reps):
-    """Reject an empty or non-positive list of byte sizes, or reps below 1.
-
-    Defined in :numref:`sec_cost_model`"""
-    sizes = list(sizes) or [None]
-    for n in sizes:
-        _check_int('sizes (a non-empty list of bytes of float32)', n, 4)
-    _check_int('reps', reps, 1)
-    return sizes
-
 def ring_allreduce_time(num_bytes, k, alpha, beta):
     """Alpha-beta seconds of a ring allreduce of `num_bytes` over `k` ranks.
 
@@ -2149,63 +2082,6 @@ def fit_ps_alpha_beta(num_bytes, seconds, k, servers=1):
     a2, b2 = fit_alpha_beta(num_bytes, seconds, 2)  # a = 2 a2, b = b2
     return a2, b2 / (2 * max(1, k / servers))
 
-def _alternating_rounds(jobs, reps, wait=lambda: None, sync=lambda: None):
-    """Seconds of each function in `jobs` in `reps` alternating rounds.
-
-    Defined in :numref:`sec_cost_model`"""
-    seconds = [[0.0] * len(jobs) for _ in range(reps)]
-    for r in range(reps):
-        order = range(len(jobs)) if r % 2 == 0 else range(len(jobs))[::-1]
-        for i in order:
-            wait()  # all processes start each timing together
-            began = time.perf_counter()
-            jobs[i]()
-            sync()  # a GPU's work ends when it is done, not when it is queued
-            seconds[r][i] = time.perf_counter() - began
-    return seconds
-
-def _slowest_medians(per_process):
-    """Per job, the median over rounds of the slowest process's seconds.
-
-    Defined in :numref:`sec_cost_model`"""
-    # rounds: each process's result of _alternating_rounds
-    rounds = [[max(col) for col in zip(*rows)] for rows in zip(*per_process)]
-    return [statistics.median(col) for col in zip(*rounds)]
-
-def time_all_reduce(world_size, sizes, reps=3, calls=5):
-    """Median seconds per all_reduce of each byte size in `sizes`.
-
-    Defined in :numref:`sec_cost_model`"""
-    # each over `world_size` processes, timed over `calls` calls in a row
-    sizes = _check_sizes(sizes, reps)
-    _check_int('calls', calls, 1)
-    _check_world_of_two(world_size)
-    return _slowest_medians(spawn_ranks(
-        _all_reduce_worker, world_size, local_init_method(), sizes, reps,
-        calls))
-
-def _all_reduce_worker(rank, world_size, init_method, sizes, reps, calls):
-    """One process of time_all_reduce: its seconds per call for each size.
-
-    Defined in :numref:`sec_cost_model`"""
-    with process_group(rank, world_size, init_method) as device:
-        sync = (lambda: torch.cuda.synchronize(device)) \
-            if device.type == 'cuda' else (lambda: None)
-        return _all_reduce_rounds(
-            [torch.zeros(n // 4, device=device) for n in sizes], reps, calls,
-            sync)
-
-def _all_reduce_rounds(bufs, reps, calls, sync):
-    """Seconds per all_reduce of each buffer in `reps` rounds of `calls`.
-
-    Defined in :numref:`sec_cost_model`"""
-    for x in bufs:
-        dist.all_reduce(x)  # untimed: the first call sets up buffers
-    seconds = _alternating_rounds(
-        [lambda x=x: [dist.all_reduce(x) for _ in range(calls)]
-         for x in bufs], reps, dist.barrier, sync)
-    return [[s / calls for s in row] for row in seconds]
-
 def ddp_buckets(num_bytes, bucket_cap_mb=25, first_bucket_mb=1):
     """Byte sizes of DDP's gradient buckets for `num_bytes` of gradients.
 
@@ -2235,160 +2111,56 @@ def predict_step_time(t_compute, num_bytes, k, alpha, beta, cores=None,
                for b in ddp_buckets(num_bytes, bucket_cap_mb))
     return t_compute * share + (1 - overlap) * comm / accumulate
 
-def cost_model_net(model):
-    """LeNet ('lenet') or the book's ResNet-18 ('resnet18') as a module.
+def predict_pipeline_time(t_stage, num_stages, num_microbatches,
+                          message_bytes, alpha, beta):
+    """Seconds per pipelined step: the bubble plus the sends that fill it.
 
     Defined in :numref:`sec_cost_model`"""
-    if model == 'lenet':
-        return nn.Sequential(
-            nn.Conv2d(1, 6, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
-            nn.Linear(400, 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU(),
-            nn.Linear(84, 10))
-    if model == 'resnet18':
-        return resnet18(10)
-    raise ValueError(f"model must be 'lenet' or 'resnet18', got {model!r}")
+    _check_int('num_stages', num_stages, 1)
+    _check_cost_args(message_bytes, num_stages, alpha, beta)
+    _check_number('t_stage', t_stage, positive=True)
+    _check_int('num_microbatches', num_microbatches, 1)
+    p, m = num_stages, num_microbatches
+    return (m + p - 1) / m * t_stage + 2 * (p - 1) * (
+        alpha + beta * message_bytes)
 
-def gradient_bytes(net):
-    """Bytes of float32 gradients one allreduce of `net`'s parameters moves.
-
-    Defined in :numref:`sec_cost_model`"""
-    return sum(p.numel() * 4 for p in net.parameters() if p.requires_grad)
-
-def _sgd_steps(net, optimizer, X, y, num_steps, accumulate=1, bf16=False,
-               step_end=lambda: None):
-    """Take `num_steps` SGD steps of `accumulate` micro-batches (X, y) each.
+def predict_tensor_time(t_compute, k, activation_bytes, alpha, beta,
+                        blocks=1, collective=None):
+    """Seconds per tensor-parallel pass: compute/k plus 2 allreduces/block.
 
     Defined in :numref:`sec_cost_model`"""
-    # step_end is called after each step
-    for _ in range(num_steps):
-        optimizer.zero_grad()
-        for i in range(accumulate):
-            # DDP's no_sync skips the allreduce of all but the last one.
-            skip = net.no_sync() if i < accumulate - 1 and hasattr(
-                net, 'no_sync') else contextlib.nullcontext()
-            with skip:
-                with torch.autocast(X.device.type, dtype=torch.bfloat16,
-                                    enabled=bf16):
-                    loss = F.cross_entropy(net(X), y)
-                loss.backward()
-        optimizer.step()
-        step_end()
-    if X.device.type == 'cuda':
-        torch.cuda.synchronize(X.device)
+    _check_cost_args(activation_bytes, k, alpha, beta)
+    _check_number('t_compute', t_compute, positive=True)
+    _check_int('blocks', blocks, 1)
+    exchange = collective or ring_allreduce_time  # or ps_pushpull_time
+    return t_compute / k + 2 * blocks * exchange(activation_bytes, k,
+                                                 alpha, beta)
 
-def _time_runs(runs, X, y, num_steps, warmup, reps, wait=lambda: None):
-    """This process's seconds per micro-batch of each run in `runs`.
+def pipeline_work_and_span(times):
+    """The busiest stage's step seconds and the run's span, from its times.
 
     Defined in :numref:`sec_cost_model`"""
-    # runs: (net, optimizer, config) triples, timed in alternating rounds
-    for net, optimizer, c in runs:  # untimed: DDP also settles its buckets
-        _sgd_steps(net, optimizer, X, y, warmup, c['accumulate'], c['bf16'])
-    # Plain copies wait for one another after each step, as DDP's processes
-    # do at its allreduce: a step lasts as long as the slowest process's.
-    jobs = [lambda r=r: _sgd_steps(
-                r[0], r[1], X, y, num_steps, r[2]['accumulate'], r[2]['bf16'],
-                wait if r[2].get('ddp') is False else lambda: None)
-            for r in runs]
-    seconds = _alternating_rounds(jobs, reps, wait)
-    return [[s / (num_steps * c['accumulate'])
-             for s, (_, _, c) in zip(row, runs)] for row in seconds]
+    if not times:
+        raise ValueError("times must hold a run's steps, as time_pipeline's")
+    busy = {}
+    for s, _, _, start, end in times:
+        busy[s] = busy.get(s, 0.0) + end - start
+    return max(busy.values()), max(t[4] for t in times) - min(
+        t[3] for t in times)
 
-def time_compute(model, batch_size, threads=None, num_steps=2, warmup=1,
-                 reps=3, bf16=False):
-    """Median seconds per plain SGD step of `model` in this process.
+def time_tensor_parallel(k, d, hidden, batch_size, num_steps=2, reps=3):
+    """Median seconds per pass of the whole MLP block and of its k parts.
 
     Defined in :numref:`sec_cost_model`"""
-    # on `batch_size` images, with `threads` CPU threads
-    cost_model_net(model)  # rejects an unknown name
+    _check_int('k', k, 2, ' (one process splits nothing)')
+    _check_int('hidden', hidden, k, ' (a hidden unit per process)')
+    _check_mlp_sizes(d, hidden, 0)
+    _check_int('batch_size', batch_size, 1)
     _check_sizes([4], reps)
-    device = try_gpu()
-    saved_threads = torch.get_num_threads()
-    torch.set_num_threads(threads or saved_threads)
-    try:
-        torch.manual_seed(0)
-        net = cost_model_net(model).to(device)
-        runs = [(net, torch.optim.SGD(net.parameters(), lr=0.01),
-                 dict(accumulate=1, bf16=bf16))]
-        X, y = (t.to(device) for t in timing_batch(batch_size))
-        return _slowest_medians([_time_runs(runs, X, y, num_steps, warmup,
-                                            reps)])[0]
-    finally:
-        torch.set_num_threads(saved_threads)
-
-def _check_configs(configs):
-    """Fill in the defaults of each DDP configuration dict and reject unknown keys or values.
-
-    Defined in :numref:`sec_cost_model`"""
-    defaults = dict(model='resnet18', accumulate=1, bucket_cap_mb=25,
-                    bf16=False, compress=False, ddp=True)
-    out = []
-    for c in configs:
-        if not isinstance(c, dict) or set(c) - set(defaults):
-            raise ValueError(f'each config must be a dict with keys among '
-                             f'{sorted(defaults)}, got {c!r}')
-        out.append(dict(defaults, **c))
-        cost_model_net(out[-1]['model'])  # rejects an unknown model
-        _check_int('accumulate', out[-1]['accumulate'], 1)
-        ddp_buckets(1, out[-1]['bucket_cap_mb'])  # rejects a size <= 0
-        if not isinstance(out[-1]['ddp'], bool):
-            raise ValueError(f"ddp must be True or False, got "
-                             f"{out[-1]['ddp']!r}")
-        if out[-1]['compress'] and not out[-1]['ddp']:
-            raise ValueError('compress=True needs ddp=True: a plain copy '
-                             'of the network sends no gradients')
-    if not out:
-        raise ValueError("configs is empty; give dicts such as {'model': 'lenet'}")
-    return out
-
-def _ddp_model(c, device):
-    """A seeded DDP (plain if not c['ddp']) model for `c`, and its SGD.
-
-    Defined in :numref:`sec_cost_model`"""
-    torch.manual_seed(0)
-    net = cost_model_net(c['model']).to(device)
-    if c['ddp']:
-        net = DDP(net, bucket_cap_mb=c['bucket_cap_mb'])
-    if c['compress']:  # bf16 needs NCCL; fp16 sends as many bytes
-        net.register_comm_hook(None, default_hooks.bf16_compress_hook
-            if device.type == 'cuda' else default_hooks.fp16_compress_hook)
-    return net, torch.optim.SGD(net.parameters(), lr=0.01)
-
-def time_ddp_configs(world_size, configs, global_batch, num_steps=2,
-                     warmup=1, reps=3):
-    """Median seconds per micro-batch of DDP training for each config.
-
-    Defined in :numref:`sec_cost_model`"""
-    # `world_size` processes share `global_batch` examples
-    configs = _check_configs(configs)
-    _check_sizes([4], reps)
-    local_batch_size(global_batch, world_size)  # fail here, not in a child
+    _check_int('num_steps', num_steps, 1)
     return _slowest_medians(spawn_ranks(
-        _ddp_configs_worker, world_size, local_init_method(), configs,
-        global_batch, num_steps, warmup, reps))
-
-def _ddp_configs_worker(rank, world_size, init_method, configs, global_batch,
-                        num_steps, warmup, reps):
-    """One process of time_ddp_configs: join the group, time the configs.
-
-    Defined in :numref:`sec_cost_model`"""
-    with process_group(rank, world_size, init_method):
-        return _time_configs(configs, global_batch, num_steps, warmup, reps,
-                             rank, world_size)
-
-def _time_configs(configs, global_batch, num_steps, warmup, reps, rank,
-                  world_size):
-    """This process's seconds per micro-batch of each config, alternating.
-
-    Defined in :numref:`sec_cost_model`"""
-    device = ddp_device(rank, world_size)
-    share = local_batch_size(global_batch, world_size)
-    X, y = (t[rank * share:(rank + 1) * share].to(device)
-            for t in timing_batch(global_batch))
-    runs = [(*_ddp_model(c, device), c) for c in configs]
-    # A single process has no group to wait for.
-    wait = dist.barrier if world_size > 1 else lambda: None
-    return _time_runs(runs, X, y, num_steps, warmup, reps, wait)
+        _tp_timing_worker, k, _rendezvous(), d, hidden, batch_size,
+        num_steps, reps))
 
 import math
 import numbers
@@ -3581,3 +3353,295 @@ def _tp_wrong_worker(rank, world_size, init_method, d, hidden):
             except ValueError as error:
                 errors.append(str(error))
         return errors
+
+def _check_number(name, value, positive=False):
+    """Reject a value that is not a finite number >= 0 (> 0 if `positive`)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) \
+            or not math.isfinite(value) or value < 0 \
+            or (positive and value == 0):
+        raise ValueError(f'{name} must be a finite number '
+                         f'{"> 0" if positive else ">= 0"}, got {value!r}')
+
+def _check_int(name, value, low, why=''):
+    """Reject a value that is not an int >= `low`, naming it."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) \
+            or value < low:
+        raise ValueError(f'{name} must be an int >= {low}{why}, got {value!r}')
+
+def _check_cost_args(num_bytes, k, alpha, beta):
+    """Reject negative or infinite sizes or times, and k below 1."""
+    for name, value in (('num_bytes', num_bytes), ('alpha', alpha),
+                        ('beta', beta)):
+        _check_number(name, value)
+    _check_int('k (the number of processes)', k, 1)
+
+def _check_world_of_two(world_size):
+    """Reject a world size below 2: one process has nothing to allreduce."""
+    _check_int('world_size', world_size, 2, ' (one process sends nothing)')
+
+def _check_timings(num_bytes, seconds, k):
+    """Reject timings that fit_alpha_beta cannot fit a line to, saying why.
+
+    Defined in :numref:`sec_cost_model_machinery`"""
+    _check_int('k', k, 2, ' (one process sends nothing)')
+    if len(num_bytes) != len(seconds) or len(set(num_bytes)) < 2:
+        raise ValueError('num_bytes and seconds must have the same length, '
+                         'and num_bytes needs at least two different sizes '
+                         f'to fit a line; got {num_bytes!r} and {seconds!r}')
+    for name, values in (('num_bytes', num_bytes), ('seconds', seconds)):
+        for v in values:
+            _check_number(name, v, positive=True)
+
+def _check_step_args(t_compute, cores, threads, accumulate, overlap):
+    """Defined in :numref:`sec_cost_model_machinery`"""
+    """Reject non-positive arguments of predict_step_time, or an overlap
+    outside [0, 1]."""
+    _check_number('t_compute', t_compute, positive=True)
+    for name, value in (('threads', threads), ('accumulate', accumulate),
+                        ('cores', 1 if cores is None else cores)):
+        _check_int(name, value, 1)
+    _check_number('overlap (the hidden fraction of the allreduce)', overlap)
+    if overlap > 1:
+        raise ValueError(f'overlap must be at most 1, got {overlap!r}')
+
+def _check_sizes(sizes, reps):
+    """Reject an empty or non-positive list of byte sizes, or reps below 1.
+
+    Defined in :numref:`sec_cost_model_machinery`"""
+    sizes = list(sizes) or [None]
+    for n in sizes:
+        _check_int('sizes (a non-empty list of bytes of float32)', n, 4)
+    _check_int('reps', reps, 1)
+    return sizes
+
+def _alternating_rounds(jobs, reps, wait=lambda: None, sync=lambda: None):
+    """Seconds of each function in `jobs` in `reps` alternating rounds.
+
+    Defined in :numref:`sec_cost_model_machinery`"""
+    seconds = [[0.0] * len(jobs) for _ in range(reps)]
+    for r in range(reps):
+        order = range(len(jobs)) if r % 2 == 0 else range(len(jobs))[::-1]
+        for i in order:
+            wait()  # all processes start each timing together
+            began = time.perf_counter()
+            jobs[i]()
+            sync()  # a GPU's work ends when it is done, not when it is queued
+            seconds[r][i] = time.perf_counter() - began
+    return seconds
+
+def _slowest_medians(per_process):
+    """Per job, the median over rounds of the slowest process's seconds.
+
+    Defined in :numref:`sec_cost_model_machinery`"""
+    # rounds: each process's result of _alternating_rounds
+    rounds = [[max(col) for col in zip(*rows)] for rows in zip(*per_process)]
+    return [statistics.median(col) for col in zip(*rounds)]
+
+def time_all_reduce(world_size, sizes, reps=3, calls=5):
+    """Median seconds per all_reduce of each byte size in `sizes`.
+
+    Defined in :numref:`sec_cost_model_machinery`"""
+    # each over `world_size` processes, timed over `calls` calls in a row
+    sizes = _check_sizes(sizes, reps)
+    _check_int('calls', calls, 1)
+    _check_world_of_two(world_size)
+    return _slowest_medians(spawn_ranks(
+        _all_reduce_worker, world_size, local_init_method(), sizes, reps,
+        calls))
+
+def _all_reduce_worker(rank, world_size, init_method, sizes, reps, calls):
+    """One process of time_all_reduce: its seconds per call for each size.
+
+    Defined in :numref:`sec_cost_model_machinery`"""
+    with process_group(rank, world_size, init_method) as device:
+        sync = (lambda: torch.cuda.synchronize(device)) \
+            if device.type == 'cuda' else (lambda: None)
+        return _all_reduce_rounds(
+            [torch.zeros(n // 4, device=device) for n in sizes], reps, calls,
+            sync)
+
+def _all_reduce_rounds(bufs, reps, calls, sync):
+    """Seconds per all_reduce of each buffer in `reps` rounds of `calls`.
+
+    Defined in :numref:`sec_cost_model_machinery`"""
+    for x in bufs:
+        dist.all_reduce(x)  # untimed: the first call sets up buffers
+    seconds = _alternating_rounds(
+        [lambda x=x: [dist.all_reduce(x) for _ in range(calls)]
+         for x in bufs], reps, dist.barrier, sync)
+    return [[s / calls for s in row] for row in seconds]
+
+def cost_model_net(model):
+    """LeNet ('lenet') or the book's ResNet-18 ('resnet18') as a module.
+
+    Defined in :numref:`sec_cost_model_machinery`"""
+    if model == 'lenet':
+        return nn.Sequential(
+            nn.Conv2d(1, 6, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+            nn.Linear(400, 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU(),
+            nn.Linear(84, 10))
+    if model == 'resnet18':
+        return resnet18(10)
+    raise ValueError(f"model must be 'lenet' or 'resnet18', got {model!r}")
+
+def gradient_bytes(net):
+    """Bytes of float32 gradients one allreduce of `net`'s parameters moves.
+
+    Defined in :numref:`sec_cost_model_machinery`"""
+    return sum(p.numel() * 4 for p in net.parameters() if p.requires_grad)
+
+def _sgd_steps(net, optimizer, X, y, num_steps, accumulate=1, bf16=False,
+               step_end=lambda: None):
+    """Take `num_steps` SGD steps of `accumulate` micro-batches (X, y) each.
+
+    Defined in :numref:`sec_cost_model_machinery`"""
+    # step_end is called after each step
+    for _ in range(num_steps):
+        optimizer.zero_grad()
+        for i in range(accumulate):
+            # DDP's no_sync skips the allreduce of all but the last one.
+            skip = net.no_sync() if i < accumulate - 1 and hasattr(
+                net, 'no_sync') else contextlib.nullcontext()
+            with skip:
+                with torch.autocast(X.device.type, dtype=torch.bfloat16,
+                                    enabled=bf16):
+                    loss = F.cross_entropy(net(X), y)
+                loss.backward()
+        optimizer.step()
+        step_end()
+    if X.device.type == 'cuda':
+        torch.cuda.synchronize(X.device)
+
+def _time_runs(runs, X, y, num_steps, warmup, reps, wait=lambda: None):
+    """This process's seconds per micro-batch of each run in `runs`.
+
+    Defined in :numref:`sec_cost_model_machinery`"""
+    # runs: (net, optimizer, config) triples, timed in alternating rounds
+    for net, optimizer, c in runs:  # untimed: DDP also settles its buckets
+        _sgd_steps(net, optimizer, X, y, warmup, c['accumulate'], c['bf16'])
+    # Plain copies wait for one another after each step, as DDP's processes
+    # do at its allreduce: a step lasts as long as the slowest process's.
+    jobs = [lambda r=r: _sgd_steps(
+                r[0], r[1], X, y, num_steps, r[2]['accumulate'], r[2]['bf16'],
+                wait if r[2].get('ddp') is False else lambda: None)
+            for r in runs]
+    seconds = _alternating_rounds(jobs, reps, wait)
+    return [[s / (num_steps * c['accumulate'])
+             for s, (_, _, c) in zip(row, runs)] for row in seconds]
+
+def time_compute(model, batch_size, threads=None, num_steps=2, warmup=1,
+                 reps=3, bf16=False):
+    """Median seconds per plain SGD step of `model` in this process.
+
+    Defined in :numref:`sec_cost_model_machinery`"""
+    # on `batch_size` images, with `threads` CPU threads
+    cost_model_net(model)  # rejects an unknown name
+    _check_sizes([4], reps)
+    device = try_gpu()
+    saved_threads = torch.get_num_threads()
+    torch.set_num_threads(threads or saved_threads)
+    try:
+        torch.manual_seed(0)
+        net = cost_model_net(model).to(device)
+        runs = [(net, torch.optim.SGD(net.parameters(), lr=0.01),
+                 dict(accumulate=1, bf16=bf16))]
+        X, y = (t.to(device) for t in timing_batch(batch_size))
+        return _slowest_medians([_time_runs(runs, X, y, num_steps, warmup,
+                                            reps)])[0]
+    finally:
+        torch.set_num_threads(saved_threads)
+
+def _check_configs(configs):
+    """Each DDP configuration with its defaults; unknown keys rejected.
+
+    Defined in :numref:`sec_cost_model_machinery`"""
+    defaults = dict(model='resnet18', accumulate=1, bucket_cap_mb=25,
+                    bf16=False, compress=False, ddp=True)
+    out = []
+    for c in configs:
+        if not isinstance(c, dict) or set(c) - set(defaults):
+            raise ValueError(f'each config must be a dict with keys among '
+                             f'{sorted(defaults)}, got {c!r}')
+        out.append(dict(defaults, **c))
+        cost_model_net(out[-1]['model'])  # rejects an unknown model
+        _check_int('accumulate', out[-1]['accumulate'], 1)
+        ddp_buckets(1, out[-1]['bucket_cap_mb'])  # rejects a size <= 0
+        if not isinstance(out[-1]['ddp'], bool):
+            raise ValueError(f"ddp must be True or False, got "
+                             f"{out[-1]['ddp']!r}")
+        if out[-1]['compress'] and not out[-1]['ddp']:
+            raise ValueError('compress=True needs ddp=True: a plain copy '
+                             'of the network sends no gradients')
+    if not out:
+        raise ValueError("configs is empty; give dicts such as "
+                         "{'model': 'lenet'}")
+    return out
+
+def _ddp_model(c, device):
+    """A seeded DDP (plain if not c['ddp']) model for `c`, and its SGD.
+
+    Defined in :numref:`sec_cost_model_machinery`"""
+    torch.manual_seed(0)
+    net = cost_model_net(c['model']).to(device)
+    if c['ddp']:
+        net = DDP(net, bucket_cap_mb=c['bucket_cap_mb'])
+    if c['compress']:  # bf16 needs NCCL; fp16 sends as many bytes
+        net.register_comm_hook(None, default_hooks.bf16_compress_hook
+            if device.type == 'cuda' else default_hooks.fp16_compress_hook)
+    return net, torch.optim.SGD(net.parameters(), lr=0.01)
+
+def time_ddp_configs(world_size, configs, global_batch, num_steps=2,
+                     warmup=1, reps=3):
+    """Median seconds per micro-batch of DDP training for each config.
+
+    Defined in :numref:`sec_cost_model_machinery`"""
+    # `world_size` processes share `global_batch` examples
+    configs = _check_configs(configs)
+    _check_sizes([4], reps)
+    local_batch_size(global_batch, world_size)  # fail here, not in a child
+    return _slowest_medians(spawn_ranks(
+        _ddp_configs_worker, world_size, local_init_method(), configs,
+        global_batch, num_steps, warmup, reps))
+
+def _ddp_configs_worker(rank, world_size, init_method, configs, global_batch,
+                        num_steps, warmup, reps):
+    """One process of time_ddp_configs: join the group, time the configs.
+
+    Defined in :numref:`sec_cost_model_machinery`"""
+    with process_group(rank, world_size, init_method):
+        return _time_configs(configs, global_batch, num_steps, warmup, reps,
+                             rank, world_size)
+
+def _time_configs(configs, global_batch, num_steps, warmup, reps, rank,
+                  world_size):
+    """This process's seconds per micro-batch of each config, alternating.
+
+    Defined in :numref:`sec_cost_model_machinery`"""
+    device = ddp_device(rank, world_size)
+    share = local_batch_size(global_batch, world_size)
+    X, y = (t[rank * share:(rank + 1) * share].to(device)
+            for t in timing_batch(global_batch))
+    runs = [(*_ddp_model(c, device), c) for c in configs]
+    # A single process has no group to wait for.
+    wait = dist.barrier if world_size > 1 else lambda: None
+    return _time_runs(runs, X, y, num_steps, warmup, reps, wait)
+
+_tp_barrier = lambda: dist.barrier()  # all ranks start a timing together
+
+def _tp_timing_worker(rank, world_size, init_method, d, hidden, batch_size,
+                      num_steps, reps):
+    """Worker: seconds per pass of the whole MLP block and of its part.
+
+    Defined in :numref:`sec_cost_model_machinery`"""
+    with _group(rank, world_size, init_method):
+        whole = block_mlp(d, hidden)
+        part = tp_mlp(block_mlp(d, hidden), CountingAllreduce())
+        X, Y = mlp_data(batch_size, d)
+        jobs = [lambda net=net: [mlp_pass(net, X, Y)
+                                 for _ in range(num_steps)]
+                for net in (whole, part)]
+        for job in jobs:  # untimed: the first pass sets up buffers
+            job()
+        seconds = _alternating_rounds(jobs, reps, _tp_barrier)
+        return [[s / num_steps for s in row] for row in seconds]

@@ -118,6 +118,17 @@ def test_tiny_run_writes_json_with_every_ratio(framework, d2l, tmp_path):
         assert (tmp_path / 'cost-model.svg').read_text().lstrip().startswith(
             '<?xml')
         assert 'predicted' in proc.stdout
+        # The cost model's pipeline and tensor rows: predicted and measured
+        # step times, one row per micro-batch count and per block size.
+        model = results['frameworks'][framework]['cost_model']
+        for kind, label in (('pipeline', 'pipeline, 2 stages'),
+                            ('tensor', 'tensor MLP')):
+            assert model[kind], f'no {kind} rows'
+            for row in model[kind]:
+                for key in ('predicted_s', 'measured_s'):
+                    assert math.isfinite(row[key]) and row[key] > 0, (kind,
+                                                                      key)
+            assert label in proc.stdout
     assert 'ratio' in proc.stdout and framework in proc.stdout
     if framework == 'pytorch' and ratios.get('ddp_over_dp') is None:
         assert 'needs two GPUs' in json.dumps(results)  # skipped, with why

@@ -251,3 +251,74 @@ def test_plain_copies_wait_for_one_another_after_every_step(
     d2l._time_runs([(net, optimizer, config)], X, y, num_steps=3, warmup=1,
                    reps=2, wait=lambda: waits.append(1))
     assert len(waits) == 2 * waits_per_round
+
+
+def test_a_pipeline_step_is_the_bubble_times_the_stage_work_plus_the_sends(
+        d2l):
+    # p = 4 stages, m = 8 micro-batches: 11/8 of a stage's work, and the
+    # first micro-batch crosses 3 links forward and 3 backward.
+    t = d2l.predict_pipeline_time(0.8, 4, 8, 10 ** 6, 1e-4, 1e-9)
+    assert t == pytest.approx(11 / 8 * 0.8 + 6 * (1e-4 + 1e-3))
+
+
+def test_one_stage_has_no_bubble_and_sends_nothing(d2l):
+    assert d2l.predict_pipeline_time(0.5, 1, 4, 10 ** 6, 1e-3, 1e-9) == 0.5
+
+
+def test_more_micro_batches_shrink_the_bubble_toward_the_stage_work(d2l):
+    times = [d2l.predict_pipeline_time(1.0, 2, m, 0, 0, 0)
+             for m in (1, 2, 4, 8, 1000)]
+    assert times == sorted(times, reverse=True)
+    assert times[0] == 2.0 and times[-1] == pytest.approx(1.0, abs=1e-3)
+
+
+def test_a_tensor_parallel_pass_is_compute_over_k_plus_two_allreduces(d2l):
+    n = 4 * 256 * 512  # 4bd bytes: a 256 x 512 float32 activation
+    ring = 2 * (2 - 1) * (1e-4 + 1e-9 * n / 2)
+    assert d2l.predict_tensor_time(0.2, 2, n, 1e-4, 1e-9) == \
+        pytest.approx(0.1 + 2 * ring)
+    assert d2l.predict_tensor_time(0.2, 2, n, 1e-4, 1e-9, blocks=3) == \
+        pytest.approx(0.1 + 6 * ring)
+    server = d2l.ps_pushpull_time(n, 2, 1e-4, 1e-9)
+    assert d2l.predict_tensor_time(
+        0.2, 2, n, 1e-4, 1e-9, collective=d2l.ps_pushpull_time) == \
+        pytest.approx(0.1 + 2 * server)
+
+
+@pytest.mark.parametrize('args, name', [
+    ((0.8, 0, 4, 100, 0, 0), 'num_stages'),
+    ((0.8, 2, 0, 100, 0, 0), 'num_microbatches'),
+    ((0.0, 2, 4, 100, 0, 0), 't_stage'),
+    ((0.8, 2, 4, -1, 0, 0), 'num_bytes'),
+    ((0.8, 2, 4, 100, -1e-6, 0), 'alpha')])
+def test_pipeline_prediction_rejects_bad_arguments(d2l, args, name):
+    with pytest.raises(ValueError, match=name):
+        d2l.predict_pipeline_time(*args)
+
+
+@pytest.mark.parametrize('args, kwargs, name', [
+    ((-1.0, 2, 100, 0, 0), {}, 't_compute'),
+    ((1.0, 0, 100, 0, 0), {}, 'k'),
+    ((1.0, 2, 100, 0, 0), dict(blocks=0), 'blocks'),
+    ((1.0, 2, 100, 0, float('inf')), {}, 'beta')])
+def test_tensor_prediction_rejects_bad_arguments(d2l, args, kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        d2l.predict_tensor_time(*args, **kwargs)
+
+
+def test_a_runs_work_is_its_busiest_stage_and_its_step_the_whole_span(d2l):
+    times = [(0, 'F', 0, 0.0, 1.0), (1, 'F', 0, 1.1, 2.0),
+             (1, 'B', 0, 2.0, 2.5), (0, 'B', 0, 3.0, 4.0)]
+    work, span = d2l.pipeline_work_and_span(times)
+    assert work == pytest.approx(2.0) and span == pytest.approx(4.0)
+    with pytest.raises(ValueError, match='times'):
+        d2l.pipeline_work_and_span([])
+
+
+@pytest.mark.parametrize('args, name', [
+    ((1, 16, 64, 8), 'k'), ((2, 16, 1, 8), 'hidden'),
+    ((2, 0, 64, 8), 'd'), ((2, 16, 64, 8, 0), 'num_steps')])
+def test_tensor_timing_rejects_bad_arguments_before_starting_processes(
+        d2l, args, name):
+    with pytest.raises(ValueError, match=name):
+        d2l.time_tensor_parallel(*args)
