@@ -424,7 +424,7 @@ def split_batch(X, y, devices):
     return X_shards, y_shards
 
 def train_batch(X, y, device_params, devices, lr, allreduce_fn=allreduce):
-    """One data-parallel SGD step: split, backward per device, sum, update.
+    """One data-parallel SGD step on (X, y); returns the summed loss.
 
     Defined in :numref:`sec_multi_gpu`"""
     d2l._check_replicas(device_params, devices)
@@ -445,7 +445,7 @@ def train_batch(X, y, device_params, devices, lr, allreduce_fn=allreduce):
     for W, device in zip(device_params, devices):
         with _on(device):  # equal gradients keep the replicas equal
             d2l.sgd(W, lr, X.shape[0])
-    d2l._check_loss(losses, 'this step')  # stop if training diverged
+    return d2l._check_loss(losses, 'this step')  # a float; stops on nan
 
 def evaluate_accuracy_replicas(device_params, data_iter, devices):
     """LeNet's accuracy on `data_iter`, each batch split over the devices.
@@ -614,48 +614,43 @@ def train_epoch_concise(net, train_iter, loss, optimizer, devices):
     d2l._check_examples(n, 'train_iter')
     return total, n
 
-def _start_concise_rank(folder):
-    """Join the group, output to rank<r>.log; return rank, world, device.
+def _shard_loaders(batch_size, rank, world):
+    """This process's sampler, its training loader, its share of the tests.
 
     Defined in :numref:`sec_multi_gpu_concise`"""
-    rank = int(os.environ.get('PADDLE_TRAINER_ID', '0'))
-    log = os.open(os.path.join(folder, f'rank{rank}.log'),
-                  os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-    for stream in (1, 2):  # start-up notices, C++ log lines, abort reports
-        os.dup2(log, stream)
-    dist = paddle.distributed
-    dist.init_parallel_env()  # also makes this process's GPU the current one
-    world = dist.get_world_size()
-    device = paddle.get_device()  # 'gpu:<rank's GPU>' or 'cpu'
-    if device == 'cpu':  # the processes share the cores
-        threads = max(1, (os.cpu_count() or 1) // world)
-        paddle.base.core.set_num_threads(threads)
-    return rank, world, device
-
-def _shard_loader(batch_size, world):
-    """A sampler giving this process its share, and a loader drawing on it.
-
-    Defined in :numref:`sec_multi_gpu_concise`"""
-    train_iter, _ = d2l.load_data_fashion_mnist(batch_size // world)
+    train_iter, test_iter = d2l.load_data_fashion_mnist(batch_size // world)
     sampler = paddle.io.DistributedBatchSampler(
         train_iter.dataset, batch_size // world, shuffle=True)
+    tests = paddle.io.Subset(test_iter.dataset, list(
+        range(rank, len(test_iter.dataset), world)))
     return sampler, paddle.io.DataLoader(
         train_iter.dataset, batch_sampler=sampler,
-        collate_fn=train_iter.collate_fn)
+        collate_fn=train_iter.collate_fn), paddle.io.DataLoader(
+        tests, batch_size=batch_size // world,
+        collate_fn=test_iter.collate_fn)
+
+def _sum_over_processes(values, world):
+    """The sums of `values` (a list of numbers) over all processes.
+
+    Defined in :numref:`sec_multi_gpu_concise`"""
+    totals = paddle.to_tensor(values, dtype='float64')
+    if world > 1:
+        paddle.distributed.all_reduce(totals)
+    return totals.tolist()
 
 def _train_concise_worker(net_fn, seed, num_epochs, batch_size, lr, folder):
     """Body of each process of train_concise_spawn; returns its record.
 
     Defined in :numref:`sec_multi_gpu_concise`"""
-    rank, world, device = _start_concise_rank(folder)
+    rank, world, device = d2l._start_concise_rank(folder)
     paddle.seed(seed)
     model = paddle.DataParallel(net_fn())  # copies rank 0's parameters to all
-    sampler, shard_iter = _shard_loader(batch_size, world)
+    sampler, shard_iter, test_iter = _shard_loaders(batch_size, rank, world)
     optimizer = paddle.optimizer.SGD(learning_rate=lr,
                                      parameters=model.parameters())
-    loss = nn.CrossEntropyLoss()
-    record = {'device': device, 'train_loss': [], 'epoch_seconds': []}
-    timer = d2l.Timer()
+    loss, timer = nn.CrossEntropyLoss(), d2l.Timer()
+    record = {'device': device, 'train_loss': [], 'test_acc': [],
+              'epoch_seconds': []}
     for epoch in range(num_epochs):
         sampler.set_epoch(epoch)  # a new shuffle, the same on every process
         d2l.set_learning_rate(optimizer, d2l.cosine_lr(lr, epoch, num_epochs))
@@ -663,10 +658,12 @@ def _train_concise_worker(net_fn, seed, num_epochs, batch_size, lr, folder):
         loss_sum, n = d2l.train_epoch_concise(model, shard_iter, loss,
                                               optimizer, [device])
         record['epoch_seconds'].append(timer.stop())
-        totals = paddle.to_tensor([loss_sum, float(n)], dtype='float64')
-        if world > 1:  # add up every process's loss and example count
-            paddle.distributed.all_reduce(totals)
-        record['train_loss'].append(float(totals[0] / totals[1]))
+        m = len(test_iter.dataset)  # this process's test images
+        acc = d2l.evaluate_accuracy_gpus(model._layers, test_iter, devices=[
+            device])
+        sums = _sum_over_processes([loss_sum, n, acc * m, m], world)
+        record['train_loss'].append(sums[0] / sums[1])
+        record['test_acc'].append(sums[2] / sums[3])
     if rank == 0:
         paddle.save(model._layers.state_dict(),
                     os.path.join(folder, 'trained.pdparams'))
@@ -698,7 +695,7 @@ def train_concise_spawn(net_fn, devices, batch_size, lr, num_epochs, seed=0):
         net = net_fn()
         net.set_state_dict(paddle.load(os.path.join(folder,
                                                     'trained.pdparams')))
-    record = records[0]  # process 0's timings; the losses are global
+    record = records[0]  # process 0's timings; losses, accuracies global
     record['devices'] = [r['device'] for r in records]
     return net, record
 
@@ -706,10 +703,7 @@ def cosine_lr(lr, epoch, num_epochs):
     """Learning rate of epoch `epoch` (from 0), `lr` along half a cosine.
 
     Defined in :numref:`sec_multi_gpu_concise`"""
-    d2l._require(d2l._is_count(num_epochs, 1) and d2l._is_count(epoch)
-                 and epoch < num_epochs, f'epoch must be an integer in '
-                 f'[0, num_epochs) and num_epochs a positive integer, got '
-                 f'epoch={epoch!r}, num_epochs={num_epochs!r}')
+    d2l._check_epoch(epoch, num_epochs)
     d2l._check_rate(lr, 'lr')
     return lr * (1 + math.cos(math.pi * epoch / num_epochs)) / 2
 
@@ -3655,6 +3649,15 @@ def _check_step(X, y, devices):
                  f'y holds {y.shape[0]} labels; pass one label per example')
     d2l._require(X.shape[0] > 0, 'X is an empty minibatch; pass at least one example')
 
+def _check_epoch(epoch, num_epochs):
+    """Reject an epoch outside [0, num_epochs), or a bad num_epochs, saying so.
+
+    Defined in :numref:`sec_training_machinery`"""
+    d2l._require(d2l._is_count(num_epochs, 1) and d2l._is_count(epoch)
+                 and epoch < num_epochs, f'epoch must be an integer in '
+                 f'[0, num_epochs) and num_epochs a positive integer, got '
+                 f'epoch={epoch!r}, num_epochs={num_epochs!r}')
+
 @contextlib.contextmanager
 def _quiet_spawn():
     """Keep PaddlePaddle's start-up notices out of the output while processes start.
@@ -3703,3 +3706,21 @@ def _check_spawn_args(net_fn, devices, batch_size, lr, num_epochs):
     d2l._require(batch_size % k == 0, f'batch_size {batch_size} cannot be shared '
                  f'equally by {k} processes; use a multiple of {k}')
     d2l._check_rate(lr, 'lr')
+
+def _start_concise_rank(folder):
+    """Join the group, output to rank<r>.log; return rank, world, device.
+
+    Defined in :numref:`sec_training_machinery`"""
+    rank = int(os.environ.get('PADDLE_TRAINER_ID', '0'))
+    log = os.open(os.path.join(folder, f'rank{rank}.log'),
+                  os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    for stream in (1, 2):  # start-up notices, C++ log lines, abort reports
+        os.dup2(log, stream)
+    dist = paddle.distributed
+    dist.init_parallel_env()  # also makes this process's GPU the current one
+    world = dist.get_world_size()
+    device = paddle.get_device()  # 'gpu:<rank's GPU>' or 'cpu'
+    if device == 'cpu':  # the processes share the cores
+        threads = max(1, (os.cpu_count() or 1) // world)
+        paddle.base.core.set_num_threads(threads)
+    return rank, world, device

@@ -419,7 +419,7 @@ def split_batch(X, y, devices):
     return X_shards, y_shards
 
 def train_batch(X, y, device_params, devices, lr, allreduce_fn=allreduce):
-    """One data-parallel SGD step: split, backward per device, sum, update.
+    """One data-parallel SGD step on (X, y); returns the summed loss.
 
     Defined in :numref:`sec_multi_gpu`"""
     d2l._check_replicas(device_params, devices)
@@ -440,7 +440,7 @@ def train_batch(X, y, device_params, devices, lr, allreduce_fn=allreduce):
     for W, device in zip(device_params, devices):
         with _on(device):  # equal gradients keep the replicas equal
             d2l.sgd(W, lr, X.shape[0])
-    d2l._check_loss(losses, 'this step')  # stop if training diverged
+    return d2l._check_loss(losses, 'this step')  # a float; stops on nan
 
 def evaluate_accuracy_replicas(device_params, data_iter, devices):
     """LeNet's accuracy on `data_iter`, each batch split over the devices.
@@ -583,10 +583,7 @@ def cosine_lr(lr, epoch, num_epochs):
     """Learning rate of epoch `epoch` (from 0), `lr` along half a cosine.
 
     Defined in :numref:`sec_multi_gpu_concise`"""
-    d2l._require(d2l._is_count(num_epochs, 1) and d2l._is_count(epoch)
-                 and epoch < num_epochs, f'epoch must be an integer in '
-                 f'[0, num_epochs) and num_epochs a positive integer, got '
-                 f'epoch={epoch!r}, num_epochs={num_epochs!r}')
+    d2l._check_epoch(epoch, num_epochs)
     d2l._check_rate(lr, 'lr')
     return lr * (1 + math.cos(math.pi * epoch / num_epochs)) / 2
 
@@ -3553,3 +3550,12 @@ def _check_step(X, y, devices):
     d2l._require(X.shape[0] == y.shape[0], f'X holds {X.shape[0]} examples but '
                  f'y holds {y.shape[0]} labels; pass one label per example')
     d2l._require(X.shape[0] > 0, 'X is an empty minibatch; pass at least one example')
+
+def _check_epoch(epoch, num_epochs):
+    """Reject an epoch outside [0, num_epochs), or a bad num_epochs, saying so.
+
+    Defined in :numref:`sec_training_machinery`"""
+    d2l._require(d2l._is_count(num_epochs, 1) and d2l._is_count(epoch)
+                 and epoch < num_epochs, f'epoch must be an integer in '
+                 f'[0, num_epochs) and num_epochs a positive integer, got '
+                 f'epoch={epoch!r}, num_epochs={num_epochs!r}')
