@@ -3488,12 +3488,11 @@ def _quiet_paddle_children():
             else:
                 os.environ[name] = value
 
-import contextlib
+import contextlib  # for the processes
 import logging
 import os
 import warnings
 from paddle import nn
-from d2l import paddle as d2l
 
 def _require(ok, message):
     """Raise ValueError with `message` (what to pass instead) unless `ok`.
