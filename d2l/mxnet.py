@@ -512,9 +512,7 @@ def count_trainable_params(net):
     """Number of values in `net` that receive gradients (no BN statistics).
 
     Defined in :numref:`sec_multi_gpu_concise`"""
-    if not isinstance(net, gluon.Block):
-        raise TypeError(f'net must be a model (gluon.Block), got '
-                        f'{type(net).__name__}; pass e.g. d2l.resnet18(10)')
+    d2l._check_model(net, gluon.Block, 'gluon.Block')
     return sum(p.data().size for p in net.collect_params().values()
                if p.grad_req != 'null')
 
@@ -3235,6 +3233,14 @@ def _check_step(X, y, devices):
     d2l._require(X.shape[0] == y.shape[0], f'X holds {X.shape[0]} examples but '
                  f'y holds {y.shape[0]} labels; pass one label per example')
     d2l._require(X.shape[0] > 0, 'X is an empty minibatch; pass at least one example')
+
+def _check_model(net, kind, kind_name):
+    """Reject `net` unless it is a model of class `kind`, saying what to pass.
+
+    Defined in :numref:`sec_training_machinery`"""
+    if not isinstance(net, kind):
+        raise TypeError(f'net must be a model ({kind_name}), got '
+                        f'{type(net).__name__}; pass e.g. d2l.resnet18(10)')
 
 def _check_epoch(epoch, num_epochs):
     """Reject an epoch outside [0, num_epochs), or a bad num_epochs, saying so.
