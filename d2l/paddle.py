@@ -647,8 +647,7 @@ def _train_concise_worker(net_fn, seed, num_epochs, batch_size, lr, folder):
     optimizer = paddle.optimizer.SGD(learning_rate=lr,
                                      parameters=model.parameters())
     loss, timer = nn.CrossEntropyLoss(), d2l.Timer()
-    record = {'device': device, 'train_loss': [], 'test_acc': [],
-              'epoch_seconds': []}
+    record = dict(device=device, train_loss=[], test_acc=[], epoch_seconds=[])
     for epoch in range(num_epochs):
         sampler.set_epoch(epoch)  # a new shuffle, the same on every process
         d2l.set_learning_rate(optimizer, d2l.cosine_lr(lr, epoch, num_epochs))
@@ -657,8 +656,8 @@ def _train_concise_worker(net_fn, seed, num_epochs, batch_size, lr, folder):
                                               optimizer, [device])
         record['epoch_seconds'].append(timer.stop())
         m = len(test_iter.dataset)  # this process's test images
-        acc = d2l.evaluate_accuracy_gpus(model._layers, test_iter, devices=[
-            device])
+        acc = d2l.evaluate_accuracy_gpus(model._layers, test_iter,
+                                         devices=[device])
         sums = _sum_over_processes([loss_sum, n, acc * m, m], world)
         record['train_loss'].append(sums[0] / sums[1])
         record['test_acc'].append(sums[2] / sums[3])
