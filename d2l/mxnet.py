@@ -303,119 +303,6 @@ _tensor = lambda a, device=npx.cpu(): np.array(a, ctx=device)
 _log_softmax = lambda Z: npx.log_softmax(Z, axis=1)
 _pick = lambda A, y: npx.pick(A, y.reshape(-1), axis=1)
 
-def _require(ok, message):
-    """Raise ValueError with `message` (what to pass instead) unless `ok`.
-
-    Defined in :numref:`sec_multi_gpu`"""
-    if not ok:
-        raise ValueError(message)
-
-def _is_count(value, least=0):
-    """Whether `value` is an integer (not a bool) of at least `least`.
-
-    Defined in :numref:`sec_multi_gpu`"""
-    return d2l._is_int(value) and value >= least
-
-def _check_seed(seed):
-    """Raise ValueError, saying what to pass, unless `seed` is a non-negative integer.
-
-    Defined in :numref:`sec_multi_gpu`"""
-    _require(_is_count(seed), f'seed must be a non-negative integer such as 0; got {seed!r}')
-
-def _check_lenet_args(X, params):
-    """Raise ValueError, saying what to pass, unless `X` and `params` fit LeNet.
-
-    Defined in :numref:`sec_multi_gpu`"""
-    shape = tuple(X.shape) if hasattr(X, 'shape') else type(X).__name__
-    _require(shape[1:] == (1, 28, 28), 'X must be a batch of 28 x 28 grayscale '
-             f'images, shape (examples, 1, 28, 28); got {shape}')
-    n = len(params) if isinstance(params, (list, tuple)) else None
-    _require(n == len(LENET_SHAPES), f"params must be a list of LeNet's {len(LENET_SHAPES)}"
-             f' tensors, as lenet_params() returns; got {n or params!r:.60}')
-    for i, (p, shape) in enumerate(zip(params, LENET_SHAPES)):
-        _require(tuple(p.shape) == shape, f'params[{i}] has shape '
-                 f'{tuple(p.shape)} but LeNet needs {shape}; use lenet_params()')
-
-def _check_scores_and_labels(y_hat, y):
-    """Raise ValueError, saying what to pass, unless `y` holds one class per row of `y_hat`.
-
-    Defined in :numref:`sec_multi_gpu`"""
-    _require(len(y_hat.shape) == 2, 'y_hat must hold one row of class scores per '
-             f'example, shape (examples, classes); got {tuple(y_hat.shape)}')
-    n, num_classes = y_hat.shape
-    _require(tuple(y.shape) in ((n,), (n, 1)), 'y must hold one label per row of '
-             f'y_hat, shape ({n},); got shape {tuple(y.shape)}')
-    # MXNet clips labels out of range, Paddle reads negative ones from the end
-    low, high = (int(y.min()), int(y.max())) if n else (0, 0)
-    _require(0 <= low and high < num_classes, f'y holds labels from {low} to '
-             f'{high}, but y_hat scores classes 0 to {num_classes - 1}; pass '
-             'labels in that range')
-
-def _check_arrays(arrays, name):
-    """Raise ValueError, saying what to pass, unless `arrays` is a non-empty list of arrays.
-
-    Defined in :numref:`sec_multi_gpu`"""
-    _require(isinstance(arrays, (list, tuple)) and arrays, f'{name} must be a '
-             f'non-empty list of arrays; got {arrays!r:.60}')
-    for i, x in enumerate(arrays):
-        _require(hasattr(x, 'shape'), f'{name}[{i}] is {x!r:.40}, not an array '
-                 '(a gradient is None until a backward pass ran)')
-
-def _check_reduce_args(data, devices):
-    """Raise ValueError, saying what to pass, unless `data` and `devices` suit an allreduce.
-
-    Defined in :numref:`sec_multi_gpu`"""
-    _check_arrays(data, 'data')
-    shapes = [tuple(x.shape) for x in data]
-    _require(all(shape == shapes[0] for shape in shapes), f'data holds arrays of '
-             f'different shapes {shapes}; pass the same-shaped arrays of one '
-             'parameter, one per device')
-    _require(devices is None or (isinstance(devices, (list, tuple)) and len(
-        devices) == len(data)), 'devices must be a list with one device per '
-        f'array of data ({len(data)}), or None; got {devices!r:.60}')
-
-def _reduce_devices(data, devices):
-    """Check an allreduce's arguments; return `devices`, or each array's device if None.
-
-    Defined in :numref:`sec_multi_gpu`"""
-    _check_reduce_args(data, devices)
-    return [_device_of(x) for x in data] if devices is None else list(devices)
-
-def _check_split(X, y, devices):
-    """Raise ValueError, saying what to change, if a batch cannot be split over the devices.
-
-    Defined in :numref:`sec_multi_gpu`"""
-    for name, a in (('X', X), ('y', y)):
-        _require(len(getattr(a, 'shape', ())), f'{name} must be an array with '
-                 f'one row per example; got {a!r:.60}')
-    _require(isinstance(devices, (list, tuple)), 'devices must be a list of '
-             f'devices such as d2l.try_gpus(2); got {devices!r:.60}')
-    n, k = X.shape[0], len(devices)
-    _require(n == y.shape[0], f'X holds {n} examples but y holds {y.shape[0]} '
-             'labels; pass one label per example')
-    _require(k >= 1, 'devices is empty; pass at least one device, e.g. d2l.try_gpus(1)')
-    _require(n >= k, f'cannot split {n} examples over {k} devices, each needs at '
-             f'least one; use a batch of at least {k} examples or fewer devices')
-
-def _check_replicas(device_params, devices):
-    """Raise ValueError, saying what to pass, unless there is one replica per device.
-
-    Defined in :numref:`sec_multi_gpu`"""
-    for name, value in (('device_params', device_params), ('devices', devices)):
-        _require(isinstance(value, (list, tuple)), f'{name} must be a list, one '
-                 f'entry per device; got {value!r:.60}')
-    _require(len(device_params) == len(devices), f'device_params holds '
-             f'{len(device_params)} replicas but devices names {len(devices)} '
-             'devices; build one replica per device with get_params')
-
-def _accuracy_of_counts(counts):
-    """Correct predictions over examples, or ValueError if no example was seen.
-
-    Defined in :numref:`sec_multi_gpu`"""
-    _require(counts[1] > 0, 'data_iter yielded no examples; pass an iterator '
-             'over at least one minibatch')
-    return counts[0] / counts[1]
-
 # Weights are (outputs, inputs[, height, width]); biases follow them.
 LENET_SHAPES = [
     (6, 1, 5, 5), (6,),      # convolution: 1 -> 6 channels, 5 x 5 kernels
@@ -428,7 +315,7 @@ def lenet_init_arrays(seed=0):
     """LeNet's initial NumPy arrays: He-scaled normal weights, zero biases.
 
     Defined in :numref:`sec_multi_gpu`"""
-    _check_seed(seed)
+    d2l._check_seed(seed)
     rng = numpy.random.default_rng(seed)
     return [numpy.zeros(shape, numpy.float32) if len(shape) == 1 else
             (rng.standard_normal(shape)
@@ -445,7 +332,7 @@ def lenet(X, params):
     """LeNet on raw parameters: two conv/pool stages, three dense layers.
 
     Defined in :numref:`sec_multi_gpu`"""
-    _check_lenet_args(X, params)
+    d2l._check_lenet_args(X, params)
     W1, b1, W2, b2, W3, b3, W4, b4, W5, b5 = params
     pool = lambda H: npx.pooling(npx.relu(H), kernel=(2, 2), stride=(2, 2),
                                  pool_type='max')
@@ -461,14 +348,14 @@ def cross_entropy_sum(y_hat, y):
     """Cross-entropy of scores `y_hat` against integer labels, summed.
 
     Defined in :numref:`sec_multi_gpu`"""
-    _check_scores_and_labels(y_hat, y)
+    d2l._check_scores_and_labels(y_hat, y)
     return -_pick(_log_softmax(y_hat), y).sum()
 
 def get_params(params, device):
     """Copy `params` to `device` as new tensors that record their gradients.
 
     Defined in :numref:`sec_multi_gpu`"""
-    _check_arrays(params, 'params')
+    d2l._check_arrays(params, 'params')
     copies = [_copy(p, device) for p in params]  # never shares memory with p
     for p in copies:
         _track(p)
@@ -478,7 +365,7 @@ def allreduce(data, devices=None):
     """Sum same-shaped arrays on different devices, writing the sum to each.
 
     Defined in :numref:`sec_multi_gpu`"""
-    devices = _reduce_devices(data, devices)
+    devices = d2l._reduce_devices(data, devices)
     first = data[0]
     with _no_grad():
         for x in data[1:]:  # reduce: add every array into the first one
@@ -493,16 +380,16 @@ def shard_sizes(n, k):
 
     Defined in :numref:`sec_multi_gpu`"""
     for name, value, least in (('n', n, 0), ('k', k, 1)):
-        _require(_is_count(value, least),
-                 f'{name} must be an integer of at least {least}; '
-                 f'got {value!r}')
+        d2l._require(d2l._is_count(value, least),
+                     f'{name} must be an integer of at least {least}; '
+                     f'got {value!r}')
     return [n // k + (1 if i < n % k else 0) for i in range(k)]
 
 def split_batch(X, y, devices):
     """Split examples `X` and labels `y` into one shard on each device.
 
     Defined in :numref:`sec_multi_gpu`"""
-    _check_split(X, y, devices)
+    d2l._check_split(X, y, devices)
     X_shards, y_shards, start = [], [], 0
     for size, device in zip(shard_sizes(X.shape[0], len(devices)), devices):
         X_shards.append(_to(X[start:start + size], device))
@@ -511,10 +398,10 @@ def split_batch(X, y, devices):
     return X_shards, y_shards
 
 def train_batch(X, y, device_params, devices, lr, allreduce_fn=allreduce):
-    """One data-parallel SGD step: split, backward per device, sum, update.
+    """One data-parallel SGD step on (X, y); returns the summed loss.
 
     Defined in :numref:`sec_multi_gpu`"""
-    _check_replicas(device_params, devices)
+    d2l._check_replicas(device_params, devices)
     X_shards, y_shards = split_batch(X, y, devices)
     y_hats, losses = [], []
     with _record():
@@ -532,13 +419,13 @@ def train_batch(X, y, device_params, devices, lr, allreduce_fn=allreduce):
     for W, device in zip(device_params, devices):
         with _on(device):  # equal gradients keep the replicas equal
             d2l.sgd(W, lr, X.shape[0])
-    d2l._check_loss(losses, 'this step')  # stop if training diverged
+    return d2l._check_loss(losses, 'this step')  # a float; stops on nan
 
 def evaluate_accuracy_replicas(device_params, data_iter, devices):
     """LeNet's accuracy on `data_iter`, each batch split over the devices.
 
     Defined in :numref:`sec_multi_gpu`"""
-    _check_replicas(device_params, devices)
+    d2l._check_replicas(device_params, devices)
     counts = d2l.Accumulator(2)  # correct predictions, examples
     with _no_grad():
         for X, y in data_iter:
@@ -551,13 +438,13 @@ def evaluate_accuracy_replicas(device_params, data_iter, devices):
             for y_hat, y_s, device in zip(y_hats, y_shards, used):
                 with _on(device):
                     counts.add(d2l.accuracy(y_hat, y_s), y_s.shape[0])
-    return _accuracy_of_counts(counts)
+    return d2l._accuracy_of_counts(counts)
 
 def ring_allreduce(data, devices=None):
     """Sum arrays on k devices in place: ring reduce-scatter, all-gather.
 
     Defined in :numref:`sec_multi_gpu`"""
-    devices = _reduce_devices(data, devices)
+    devices = d2l._reduce_devices(data, devices)
     with _no_grad():
         flats = []  # views of the arrays, or copies in MXNet's NumPy interface
         for x, device in zip(data, devices):
@@ -583,47 +470,6 @@ def ring_allreduce(data, devices=None):
             with _on(device):  # a no-op where flat is a view of x
                 x[:] = flat.reshape(x.shape)
 
-def _check_resnet_args(num_classes, in_channels):
-    """Reject a class or channel count that is not a positive integer, saying which.
-
-    Defined in :numref:`sec_multi_gpu_concise`"""
-    for name, value in (('num_classes', num_classes), ('in_channels', in_channels)):
-        d2l._require(d2l._is_count(value, 1),
-                     f'{name} must be a positive integer, got {value!r}')
-
-def _check_devices(devices):
-    """Reject an empty device list, saying how to get one.
-
-    Defined in :numref:`sec_multi_gpu_concise`"""
-    d2l._require(devices, f'devices is empty ({devices!r}); pass at least one '
-                 'device, e.g. d2l.try_gpus(1)')
-
-def _batches(data_iter, name):
-    """Iterate over `data_iter`, or say that argument `name` is no iterable.
-
-    Defined in :numref:`sec_multi_gpu_concise`"""
-    try:
-        return iter(data_iter)
-    except TypeError:
-        raise TypeError(f'{name} must be an iterable of (X, y) minibatches, '
-                        f'got {type(data_iter).__name__}') from None
-
-def _check_examples(num_examples, name):
-    """Reject an iterator `name` that yielded no examples.
-
-    Defined in :numref:`sec_multi_gpu_concise`"""
-    d2l._require(num_examples != 0, f'{name} yielded no examples; pass an '
-                 'iterator with at least one non-empty minibatch')
-
-def _check_step(X, y, devices):
-    """Reject a minibatch or device list that a training step cannot use.
-
-    Defined in :numref:`sec_multi_gpu_concise`"""
-    d2l._check_devices(devices)
-    d2l._require(X.shape[0] == y.shape[0], f'X holds {X.shape[0]} examples but '
-                 f'y holds {y.shape[0]} labels; pass one label per example')
-    d2l._require(X.shape[0] > 0, 'X is an empty minibatch; pass at least one example')
-
 def resnet18(num_classes, in_channels=1):
     """ResNet-18 for small images: a 3x3 stem and no max-pooling.
 
@@ -644,9 +490,7 @@ def count_trainable_params(net):
     """Number of values in `net` that receive gradients (no BN statistics).
 
     Defined in :numref:`sec_multi_gpu_concise`"""
-    if not isinstance(net, gluon.Block):
-        raise TypeError(f'net must be a model (gluon.Block), got '
-                        f'{type(net).__name__}; pass e.g. d2l.resnet18(10)')
+    d2l._check_model(net, gluon.Block, 'gluon.Block')
     return sum(p.data().size for p in net.collect_params().values()
                if p.grad_req != 'null')
 
@@ -707,10 +551,7 @@ def cosine_lr(lr, epoch, num_epochs):
     """Learning rate of epoch `epoch` (from 0), `lr` along half a cosine.
 
     Defined in :numref:`sec_multi_gpu_concise`"""
-    d2l._require(d2l._is_count(num_epochs, 1) and d2l._is_count(epoch)
-                 and epoch < num_epochs, f'epoch must be an integer in '
-                 f'[0, num_epochs) and num_epochs a positive integer, got '
-                 f'epoch={epoch!r}, num_epochs={num_epochs!r}')
+    d2l._check_epoch(epoch, num_epochs)
     d2l._check_rate(lr, 'lr')
     return lr * (1 + math.cos(math.pi * epoch / num_epochs)) / 2
 
@@ -2874,6 +2715,177 @@ def _serve(role, env, log_path, parent_pid):
         os._exit(1)
     os.environ.update(env, DMLC_ROLE=role)
     os.execv(sys.executable, [sys.executable, '-c', 'import mxnet'])
+
+def _require(ok, message):
+    """Raise ValueError with `message` (what to pass instead) unless `ok`.
+
+    Defined in :numref:`sec_training_machinery`"""
+    if not ok:
+        raise ValueError(message)
+
+def _is_count(value, least=0):
+    """Whether `value` is an integer (not a bool) of at least `least`.
+
+    Defined in :numref:`sec_training_machinery`"""
+    return d2l._is_int(value) and value >= least
+
+def _check_seed(seed):
+    """Raise ValueError, saying what to pass, unless `seed` is a non-negative integer.
+
+    Defined in :numref:`sec_training_machinery`"""
+    _require(_is_count(seed), f'seed must be a non-negative integer such as 0; got {seed!r}')
+
+def _check_lenet_args(X, params):
+    """Raise ValueError, saying what to pass, unless `X` and `params` fit LeNet.
+
+    Defined in :numref:`sec_training_machinery`"""
+    shape = tuple(X.shape) if hasattr(X, 'shape') else type(X).__name__
+    _require(shape[1:] == (1, 28, 28), 'X must be a batch of 28 x 28 grayscale '
+             f'images, shape (examples, 1, 28, 28); got {shape}')
+    n = len(params) if isinstance(params, (list, tuple)) else None
+    _require(n == len(LENET_SHAPES), f"params must be a list of LeNet's {len(LENET_SHAPES)}"
+             f' tensors, as lenet_params() returns; got {n or params!r:.60}')
+    for i, (p, shape) in enumerate(zip(params, LENET_SHAPES)):
+        _require(tuple(p.shape) == shape, f'params[{i}] has shape '
+                 f'{tuple(p.shape)} but LeNet needs {shape}; use lenet_params()')
+
+def _check_scores_and_labels(y_hat, y):
+    """Raise ValueError, saying what to pass, unless `y` holds one class per row of `y_hat`.
+
+    Defined in :numref:`sec_training_machinery`"""
+    _require(len(y_hat.shape) == 2, 'y_hat must hold one row of class scores per '
+             f'example, shape (examples, classes); got {tuple(y_hat.shape)}')
+    n, num_classes = y_hat.shape
+    _require(tuple(y.shape) in ((n,), (n, 1)), 'y must hold one label per row of '
+             f'y_hat, shape ({n},); got shape {tuple(y.shape)}')
+    # MXNet clips labels out of range, Paddle reads negative ones from the end
+    low, high = (int(y.min()), int(y.max())) if n else (0, 0)
+    _require(0 <= low and high < num_classes, f'y holds labels from {low} to '
+             f'{high}, but y_hat scores classes 0 to {num_classes - 1}; pass '
+             'labels in that range')
+
+def _check_arrays(arrays, name):
+    """Raise ValueError, saying what to pass, unless `arrays` is a non-empty list of arrays.
+
+    Defined in :numref:`sec_training_machinery`"""
+    _require(isinstance(arrays, (list, tuple)) and arrays, f'{name} must be a '
+             f'non-empty list of arrays; got {arrays!r:.60}')
+    for i, x in enumerate(arrays):
+        _require(hasattr(x, 'shape'), f'{name}[{i}] is {x!r:.40}, not an array '
+                 '(a gradient is None until a backward pass ran)')
+
+def _check_reduce_args(data, devices):
+    """Raise ValueError, saying what to pass, unless `data` and `devices` suit an allreduce.
+
+    Defined in :numref:`sec_training_machinery`"""
+    _check_arrays(data, 'data')
+    shapes = [tuple(x.shape) for x in data]
+    _require(all(shape == shapes[0] for shape in shapes), f'data holds arrays of '
+             f'different shapes {shapes}; pass the same-shaped arrays of one '
+             'parameter, one per device')
+    _require(devices is None or (isinstance(devices, (list, tuple)) and len(
+        devices) == len(data)), 'devices must be a list with one device per '
+        f'array of data ({len(data)}), or None; got {devices!r:.60}')
+
+def _reduce_devices(data, devices):
+    """Check an allreduce's arguments; return `devices`, or each array's device if None.
+
+    Defined in :numref:`sec_training_machinery`"""
+    _check_reduce_args(data, devices)
+    return [_device_of(x) for x in data] if devices is None else list(devices)
+
+def _check_split(X, y, devices):
+    """Raise ValueError, saying what to change, if a batch cannot be split over the devices.
+
+    Defined in :numref:`sec_training_machinery`"""
+    for name, a in (('X', X), ('y', y)):
+        _require(len(getattr(a, 'shape', ())), f'{name} must be an array with '
+                 f'one row per example; got {a!r:.60}')
+    _require(isinstance(devices, (list, tuple)), 'devices must be a list of '
+             f'devices such as d2l.try_gpus(2); got {devices!r:.60}')
+    n, k = X.shape[0], len(devices)
+    _require(n == y.shape[0], f'X holds {n} examples but y holds {y.shape[0]} '
+             'labels; pass one label per example')
+    _require(k >= 1, 'devices is empty; pass at least one device, e.g. d2l.try_gpus(1)')
+    _require(n >= k, f'cannot split {n} examples over {k} devices, each needs at '
+             f'least one; use a batch of at least {k} examples or fewer devices')
+
+def _check_replicas(device_params, devices):
+    """Raise ValueError, saying what to pass, unless there is one replica per device.
+
+    Defined in :numref:`sec_training_machinery`"""
+    for name, value in (('device_params', device_params), ('devices', devices)):
+        _require(isinstance(value, (list, tuple)), f'{name} must be a list, one '
+                 f'entry per device; got {value!r:.60}')
+    _require(len(device_params) == len(devices), f'device_params holds '
+             f'{len(device_params)} replicas but devices names {len(devices)} '
+             'devices; build one replica per device with get_params')
+
+def _accuracy_of_counts(counts):
+    """Correct predictions over examples, or ValueError if no example was seen.
+
+    Defined in :numref:`sec_training_machinery`"""
+    _require(counts[1] > 0, 'data_iter yielded no examples; pass an iterator '
+             'over at least one minibatch')
+    return counts[0] / counts[1]
+
+def _check_resnet_args(num_classes, in_channels):
+    """Reject a class or channel count that is not a positive integer, saying which.
+
+    Defined in :numref:`sec_training_machinery`"""
+    for name, value in (('num_classes', num_classes), ('in_channels', in_channels)):
+        d2l._require(d2l._is_count(value, 1),
+                     f'{name} must be a positive integer, got {value!r}')
+
+def _check_devices(devices):
+    """Reject an empty device list, saying how to get one.
+
+    Defined in :numref:`sec_training_machinery`"""
+    d2l._require(devices, f'devices is empty ({devices!r}); pass at least one '
+                 'device, e.g. d2l.try_gpus(1)')
+
+def _batches(data_iter, name):
+    """Iterate over `data_iter`, or say that argument `name` is no iterable.
+
+    Defined in :numref:`sec_training_machinery`"""
+    try:
+        return iter(data_iter)
+    except TypeError:
+        raise TypeError(f'{name} must be an iterable of (X, y) minibatches, '
+                        f'got {type(data_iter).__name__}') from None
+
+def _check_examples(num_examples, name):
+    """Reject an iterator `name` that yielded no examples.
+
+    Defined in :numref:`sec_training_machinery`"""
+    d2l._require(num_examples != 0, f'{name} yielded no examples; pass an '
+                 'iterator with at least one non-empty minibatch')
+
+def _check_step(X, y, devices):
+    """Reject a minibatch or device list that a training step cannot use.
+
+    Defined in :numref:`sec_training_machinery`"""
+    d2l._check_devices(devices)
+    d2l._require(X.shape[0] == y.shape[0], f'X holds {X.shape[0]} examples but '
+                 f'y holds {y.shape[0]} labels; pass one label per example')
+    d2l._require(X.shape[0] > 0, 'X is an empty minibatch; pass at least one example')
+
+def _check_model(net, kind, kind_name):
+    """Reject `net` unless it is a model of class `kind`, saying what to pass.
+
+    Defined in :numref:`sec_training_machinery`"""
+    if not isinstance(net, kind):
+        raise TypeError(f'net must be a model ({kind_name}), got '
+                        f'{type(net).__name__}; pass e.g. d2l.resnet18(10)')
+
+def _check_epoch(epoch, num_epochs):
+    """Reject an epoch outside [0, num_epochs), or a bad num_epochs, saying so.
+
+    Defined in :numref:`sec_training_machinery`"""
+    d2l._require(d2l._is_count(num_epochs, 1) and d2l._is_count(epoch)
+                 and epoch < num_epochs, f'epoch must be an integer in '
+                 f'[0, num_epochs) and num_epochs a positive integer, got '
+                 f'epoch={epoch!r}, num_epochs={num_epochs!r}')
 
 def _check_rank(rank, world_size, what='rank'):
     """Reject a world size below 1 or a rank outside 0..world_size-1, naming the culprit.

@@ -255,6 +255,19 @@ def test_training_steps_lower_the_loss(framework, d2l, images):
     assert loss() < 0.5 * before
 
 
+def test_train_batch_returns_the_whole_minibatch_loss_before_its_step(
+        framework, d2l, images):
+    """The loss that train's figure plots: summed over the shards, it is the
+    one-device loss of the whole minibatch."""
+    X, y = batch(framework, images, 16)
+    devices = cpu_devices(framework, 2)
+    device_params = [d2l.get_params(d2l.lenet_params(), d) for d in devices]
+    want = float(numpy(framework, d2l.cross_entropy_sum(
+        d2l.lenet(X, d2l.lenet_params()), y)))
+    got = d2l.train_batch(X, y, device_params, devices, lr=0.1)
+    assert isinstance(got, float) and got == pytest.approx(want, rel=1e-5)
+
+
 def test_accuracy_over_all_devices_equals_accuracy_on_one(framework, d2l,
                                                           images):
     # The last minibatch has fewer examples (2) than there are devices (3).

@@ -5,12 +5,16 @@ the distinct contexts cpu(0), ..., cpu(k-1) in MXNet; PaddlePaddle's
 multi-process training really starts k processes (Gloo on the CPU).
 """
 import importlib
+import importlib.util
 import math
+import pathlib
+import re
 
 import numpy as np
 import pytest
 
-from conftest import FRAMEWORKS, MODULES, cpu_devices, needs_mxnet, numpy, tensor
+from conftest import (FRAMEWORKS, MODULES, cpu_devices, needs_mxnet, numpy,
+                      tab_cells, tensor)
 
 
 def built_resnet(framework, d2l, devices=None, **kwargs):
@@ -488,6 +492,13 @@ def test_paddle_two_process_training_equals_in_process_training(quick,
             num_epochs=2)
         assert record['devices'] == ['cpu'] * k
         assert record['train_loss'][1] < record['train_loss'][0]
+        # The processes score disjoint shares of the test set every epoch;
+        # together they count every test image once.
+        _, test_iter = d2l.load_data_fashion_mnist(64)
+        assert len(record['test_acc']) == 2
+        assert record['test_acc'][-1] == pytest.approx(
+            d2l.evaluate_accuracy_gpus(net, test_iter,
+                                       devices=cpu_devices('paddle', 1)))
         np.testing.assert_allclose(record['train_loss'], expected_loss,
                                    rtol=1e-4)
         for got, want in zip(net.parameters(), expected_weights):
@@ -584,3 +595,58 @@ def running(pid):
             return stat.read().rsplit(')', 1)[1].split()[0] not in 'ZX'
     except FileNotFoundError:
         return False
+
+
+# ---------------------------------------------------------------------------
+# Issue 31 item 4: runs that a reader can compare, on both data-parallel pages
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+TRAINING_PAGES = ['chapter_multi_gpu/multiple-gpus.md',
+                  'chapter_multi_gpu/multiple-gpus-concise.md']
+
+
+@pytest.mark.parametrize('page', TRAINING_PAGES)
+@pytest.mark.parametrize('tab', ['pytorch', 'mxnet', 'paddle'])
+def test_every_training_figure_shows_loss_beside_test_accuracy(page, tab):
+    figures = [cell for cell in tab_cells(ROOT / page, tab)
+               if 'Animator(' in cell]
+    assert figures, f'{page} [{tab}] draws no training figure'
+    for cell in figures:
+        assert "legend=['train loss', 'test acc']" in cell, cell
+
+
+@pytest.mark.parametrize('page', TRAINING_PAGES)
+def test_one_and_two_device_runs_share_minibatch_and_rate(page):
+    """The two-device run keeps the one-device run's global minibatch and
+    learning rate, in every tab, so both take the same steps."""
+    calls = {tab: [re.sub(r'num_(gpus|devices)=\d', '', line)
+                   for cell in tab_cells(ROOT / page, tab)
+                   for line in cell.splitlines()
+                   if re.match(r'train\(num_(gpus|devices)=[12],', line)]
+             for tab in ('pytorch', 'mxnet', 'paddle')}
+    assert all(len(found) == 2 for found in calls.values()), calls
+    assert len({line for found in calls.values() for line in found}) == 1, \
+        calls
+
+
+def stored_outputs_module():
+    spec = importlib.util.spec_from_file_location(
+        'stored_outputs', ROOT / 'scripts' / 'stored_outputs.py')
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize('page', TRAINING_PAGES)
+def test_the_stored_runs_of_every_tab_trained_the_same_images(page):
+    """Outputs stored for the current code say which data the run loaded;
+    every tab of a page trained on the same images (stale outputs are not
+    shown: the build evaluates those tabs in quick mode)."""
+    so = stored_outputs_module()
+    book = so.Book(ROOT)
+    data = {}
+    for tab in book.tabs:
+        state, record, _ = so.read_stored(book, page, tab)
+        if state == 'stored':
+            data[tab] = tuple(record['data'])
+    assert len(set(data.values())) <= 1, data
