@@ -46,7 +46,9 @@ def headings(md):
     for line in CODE_FENCE.sub('', md).splitlines():
         match = re.match(r'^#{1,2} (.+)$', line)
         if match and '$' not in match[1] and not re.search(r':\w+:`', match[1]):
-            found.append(re.sub(r'[`*_]', '', match[1]).strip())
+            # emphasis marks go; an underscore inside a name (spawn_ranks) stays
+            plain = re.sub(r'[`*]|(?<!\w)_|_(?!\w)', '', match[1])
+            found.append(plain.strip())
     return found
 
 
