@@ -457,12 +457,18 @@ def test_the_normaliser_is_idempotent():
     assert so.dumps(so.normalise(once, roots=(ROOT,))) == so.dumps(once)
 
 
-def nbval_sanitised(text, tmp_path):
-    """`text` after the regex replacements that scripts/check_notebook_zips.py gives nbval."""
+def zip_check_module():
+    """scripts/check_notebook_zips.py, loaded as a module."""
     spec = importlib.util.spec_from_file_location(
         'check_notebook_zips', ROOT / 'scripts' / 'check_notebook_zips.py')
     czip = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(czip)
+    return czip
+
+
+def nbval_sanitised(text, tmp_path):
+    """`text` after the regex replacements that scripts/check_notebook_zips.py gives nbval."""
+    czip = zip_check_module()
     czip.sanitize_config(tmp_path / 'sanitize.cfg', [ROOT])
     import configparser
     config = configparser.ConfigParser(interpolation=None)
@@ -483,10 +489,7 @@ def test_nbval_compares_rounding_level_numbers_as_equal_and_real_differences_not
 
 def test_the_zip_check_skips_only_notebooks_this_build_ran_in_quick_mode(tmp_path):
     """--skip-evaluated: no notebook runs twice in one environment, stored ones still run."""
-    spec = importlib.util.spec_from_file_location(
-        'check_notebook_zips', ROOT / 'scripts' / 'check_notebook_zips.py')
-    czip = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(czip)
+    czip = zip_check_module()
     seen = {}
     for name, record in [('quick', {'source': 'evaluated', 'mode': 'quick'}),
                          ('stored', {'source': 'stored', 'mode': 'full'}),
