@@ -308,18 +308,15 @@ def format_table(results):
                              f'{r["measured_s"]:.4f}',
                              f'error {r["error"]:+.0%} (from one process '
                              f'alone {r["error_from_alone"]:+.0%})'))
-            for r in m.get('pipeline', []):
-                rows.append((fw, f'pipeline, 2 stages, m={r["m"]} '
-                                 f'(s/step)',
-                             f'predicted {r["predicted_s"]:.4f} / measured '
-                             f'{r["measured_s"]:.4f}',
-                             f'ratio {r["predicted_s"] / r["measured_s"]:.2f}'))
-            for r in m.get('tensor', []):
-                rows.append((fw, f'tensor MLP d={r["d"]} h={r["hidden"]} '
-                                 f'b={r["batch"]}, k=2 (s/pass)',
-                             f'predicted {r["predicted_s"]:.4f} / measured '
-                             f'{r["measured_s"]:.4f}',
-                             f'ratio {r["predicted_s"] / r["measured_s"]:.2f}'))
+            for key, label in (
+                    ('pipeline', 'pipeline, 2 stages, m={m} (s/step)'),
+                    ('tensor', 'tensor MLP d={d} h={hidden} b={batch}, k=2 '
+                               '(s/pass)')):
+                for r in m.get(key, []):
+                    rows.append((fw, label.format(**r),
+                                 f'predicted {r["predicted_s"]:.4f} / '
+                                 f'measured {r["measured_s"]:.4f}',
+                                 f'ratio {r["predicted_s"] / r["measured_s"]:.2f}'))
         if 'scratch_lenet' in res and 'model_ratio' in res['scratch_lenet']:
             m = res['scratch_lenet']
             rows.append((fw, 'from-scratch LeNet 2dev/1dev, cost model',
