@@ -5,7 +5,6 @@ the distinct contexts cpu(0), ..., cpu(k-1) in MXNet; PaddlePaddle's
 multi-process training really starts k processes (Gloo on the CPU).
 """
 import importlib
-import importlib.util
 import math
 import pathlib
 import re
@@ -627,29 +626,3 @@ def test_one_and_two_device_runs_share_minibatch_and_rate(page):
     assert all(len(found) == 2 for found in calls.values()), calls
     assert len({line for found in calls.values() for line in found}) == 1, \
         calls
-
-
-def stored_outputs_module():
-    spec = importlib.util.spec_from_file_location(
-        'stored_outputs', ROOT / 'scripts' / 'stored_outputs.py')
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.mark.parametrize('page', TRAINING_PAGES)
-def test_the_stored_runs_of_every_tab_trained_the_same_images(page):
-    """Outputs stored for the current code say which data the run loaded;
-    every tab of a page trained on the same images (stale outputs are not
-    shown: the build evaluates those tabs in quick mode)."""
-    # The records are read with the build's tools; the NumPy-2 environment
-    # (scripts/test-numpy2.sh) checks arithmetic and has no d2lbook.
-    pytest.importorskip('d2lbook')
-    so = stored_outputs_module()
-    book = so.Book(ROOT)
-    data = {}
-    for tab in book.tabs:
-        state, record, _ = so.read_stored(book, page, tab)
-        if state == 'stored':
-            data[tab] = tuple(record['data'])
-    assert len(set(data.values())) <= 1, data

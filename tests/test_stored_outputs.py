@@ -457,6 +457,21 @@ def test_the_normaliser_is_idempotent():
     assert so.dumps(so.normalise(once, roots=(ROOT,))) == so.dumps(once)
 
 
+@pytest.mark.parametrize('page', ['chapter_multi_gpu/multiple-gpus.md',
+                                  'chapter_multi_gpu/multiple-gpus-concise.md'])
+def test_the_stored_runs_of_every_tab_trained_the_same_images(page):
+    """Outputs stored for the current code say which data the run loaded;
+    every tab of a page trained on the same images (stale outputs are not
+    shown: the build evaluates those tabs in quick mode)."""
+    book = so.Book(ROOT)
+    data = {}
+    for tab in book.tabs:
+        state, record, _ = so.read_stored(book, page, tab)
+        if state == 'stored':
+            data[tab] = tuple(record['data'])
+    assert len(set(data.values())) <= 1, data
+
+
 def zip_check_module():
     """scripts/check_notebook_zips.py, loaded as a module."""
     spec = importlib.util.spec_from_file_location(
