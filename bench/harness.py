@@ -350,8 +350,20 @@ def headline_ratios(results):
             'loader_over_copy': res.get('loader', {}).get('ratio'),
             'cost_model_max_error':
                 res.get('cost_model', {}).get('max_abs_error'),
+            'scaling_efficiency':
+                res.get('scaling', {}).get('strong_efficiency'),
         }
     return out
+
+
+def scaling_line(framework, m):
+    """One line on the measured scaling of ResNet-18 at k = 2."""
+    return (f'scaling {framework}: ResNet-18, k = {m["k"]}, one core per '
+            f'process without GPUs: strong (global batch '
+            f'{m["global_batch"]}) speedup {m["strong_speedup"]:.2f}, '
+            f'efficiency {m["strong_efficiency"]:.2f}; weak (batch '
+            f'{m["global_batch"]} per process) efficiency '
+            f'{m["weak_efficiency"]:.2f}')
 
 
 def plot(results, path):

@@ -312,6 +312,28 @@ def dp_vs_ddp(ops, s):
     return out
 
 
+def scaling(ops, s):
+    """ResNet-18 steps of one process, of two sharing its global batch
+    (strong scaling) and of two with a batch each (weak scaling), one core
+    per process without GPUs, timed by the ResNet-18 DDP section's
+    time_ddp; the three alternate, and each keeps its median."""
+    d2l = ops.d2l
+    time_ddp, = need(d2l, 'time_ddp')
+    if d2l.num_gpus() == 1:
+        raise Missing('scaling at k = 2 needs two devices; 1 GPU found')
+    batch, steps, warmup = s['ddp_batch'], s['ddp_steps'], s['ddp_warmup']
+    runs = [('one', 1, batch), ('strong', 2, batch), ('weak', 2, 2 * batch)]
+    seconds = {name: [] for name, _, _ in runs}
+    for r in range(s['ddp_reps']):
+        for name, k, b in (runs if r % 2 == 0 else runs[::-1]):
+            seconds[name].append(time_ddp(k, b, steps, warmup, None, 1))
+    t = {name: statistics.median(ts) for name, ts in seconds.items()}
+    return dict(k=2, global_batch=batch, steps=steps, seconds=t,
+                strong_speedup=t['one'] / t['strong'],
+                strong_efficiency=t['one'] / (2 * t['strong']),
+                weak_efficiency=t['one'] / t['weak'])
+
+
 def cost_model(ops, s):
     """The cost-model section's prediction of seconds per micro-batch of DDP
     (k processes; default buckets and accumulation over two micro-batches;

@@ -28,7 +28,7 @@ if str(ROOT) not in sys.path:
 from bench import harness  # noqa: E402
 
 MEASUREMENTS = ('loader', 'allreduce', 'scratch_lenet', 'concise_resnet18',
-                'dp_vs_ddp', 'cost_model', 'memory')
+                'dp_vs_ddp', 'scaling', 'cost_model', 'memory')
 
 
 def run_worker(framework, settings, measurements):
@@ -199,6 +199,9 @@ def main(argv=None):
     harness.plot(results, out_dir / 'bench.svg')
     wrote_cm = harness.plot_cost_model(results, out_dir / 'cost-model.svg')
     print(harness.format_table(results))
+    for fw, res in results['frameworks'].items():
+        if 'scaling' in res:
+            print(harness.scaling_line(fw, res['scaling']))
     for fw, res in results['frameworks'].items():
         if 'memory' in res:
             print(res['memory']['line'])

@@ -19,13 +19,13 @@ from bench.run import MEASUREMENTS, parse_args
 EXPECTED = {
     'pytorch': ('scratch_2dev_over_1dev', 'concise_2dev_over_1dev',
                 'ring_over_naive_time', 'loader_over_copy',
-                'cost_model_max_error'),
+                'cost_model_max_error', 'scaling_efficiency'),
     'mxnet': ('scratch_2dev_over_1dev', 'concise_2dev_over_1dev',
               'ring_over_naive_time', 'loader_over_copy',
-              'cost_model_max_error'),
+              'cost_model_max_error', 'scaling_efficiency'),
     'paddle': ('scratch_2dev_over_1dev', 'concise_2dev_over_1dev',
                'ring_over_naive_time', 'loader_over_copy',
-               'cost_model_max_error'),
+               'cost_model_max_error', 'scaling_efficiency'),
 }
 
 
@@ -130,6 +130,10 @@ def test_tiny_run_writes_json_with_every_ratio(framework, d2l, tmp_path):
                                                                       key)
             assert label in proc.stdout
     assert 'ratio' in proc.stdout and framework in proc.stdout
+    # The scaling line: one process against two, strong and weak, at k = 2.
+    line = next(l for l in proc.stdout.splitlines()
+                if l.startswith(f'scaling {framework}:'))
+    assert 'strong' in line and 'weak' in line and 'efficiency' in line
     if framework == 'pytorch' and ratios.get('ddp_over_dp') is None:
         assert 'needs two GPUs' in json.dumps(results)  # skipped, with why
     if framework == 'pytorch':  # the sharded section's memory line
