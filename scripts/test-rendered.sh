@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # Render the scratch copy that scripts/test-notebooks.sh evaluated (no second
 # evaluation), then check the result as a reader meets it: every HTML page in
-# headless Chromium, and the PyTorch PDF's text (the checks spread over
-# PYTEST_WORKERS processes, each with a browser of its own).
+# headless Chromium, and the PyTorch PDF's text.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 book=_build/test-book
@@ -15,5 +14,4 @@ scripts/build-html.sh "$book"
 PDF_TABS=pytorch scripts/build-pdf.sh "$book"
 name=$(python -c "import configparser; c = configparser.ConfigParser(); c.read('config.ini'); print(c['project']['name'])")
 BOOK_HTML_DIR=$book/_build/html BOOK_PDF=$book/_build/pdf/$name.pdf \
-  python -m pytest -q -p no:cacheprovider -n ${PYTEST_WORKERS:-2} \
-  tests/test_rendered_book.py tests/test_pdf.py
+  python -m pytest -q -p no:cacheprovider tests/test_rendered_book.py tests/test_pdf.py
