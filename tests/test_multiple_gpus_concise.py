@@ -203,6 +203,7 @@ def step_setup(framework, d2l, lr=0.02):
     return model, torch.nn.CrossEntropyLoss(), optimizer, devices
 
 
+@pytest.mark.slow  # run once (pinned environment); its page runs in NumPy 2
 def test_a_few_concise_training_steps_reduce_the_loss(framework, d2l, quick):
     seed_everything(framework)
     X, y = first_batch(d2l, 32)
@@ -239,6 +240,7 @@ def trainable_values(framework, net):
     return [p.detach().numpy().copy() for p in net.parameters()]
 
 
+@pytest.mark.slow  # run once (pinned environment); its page runs in NumPy 2
 def test_a_step_at_learning_rate_zero_leaves_the_weights_alone(framework,
                                                                 d2l, quick):
     seed_everything(framework)

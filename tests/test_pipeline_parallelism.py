@@ -229,6 +229,7 @@ def process_runs(d2l, X, y):
             + [[g.tolist() for g in records[-1]['grads']]])
 
 
+@pytest.mark.slow  # run once (pinned environment); its page runs in NumPy 2
 def test_two_stage_processes_compute_what_one_device_computes(d2l, framework):
     """Gloo processes (MXNet: threads on cpu(0), cpu(1)); the last run's
     gradients against the unsplit model. In the PyTorch scenario, also

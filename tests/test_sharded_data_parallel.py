@@ -234,6 +234,7 @@ def died_of_a_signal(err):
     return re.search(r'died \(signal SIG\w+\) without a Python error', err) is not None
 
 
+@pytest.mark.slow  # run once (pinned environment); its page runs in NumPy 2
 def test_fsdp_in_two_gloo_processes_equals_ddp_with_half_the_bytes(framework):
     if framework != 'pytorch':
         pytest.skip('the framework version runs in the PyTorch tab only '

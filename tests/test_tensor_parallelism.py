@@ -61,6 +61,7 @@ def one_device(d2l, d, hidden, batch_size):
     return d2l.mlp_pass(d2l.block_mlp(d, hidden), *d2l.mlp_data(batch_size, d))
 
 
+@pytest.mark.slow  # run once (pinned environment); its page runs in NumPy 2
 @pytest.mark.parametrize('run', ['k=1', 'k=2, uneven 32+31'])
 def test_k_way_tensor_parallel_block_equals_one_device(d2l, framework, run):
     _, k, (d, hidden, batch_size) = RUNS[run]
@@ -81,6 +82,7 @@ def test_k_way_tensor_parallel_block_equals_one_device(d2l, framework, run):
     assert sent.get('forward', 0) == sent.get('backward', 0) == forward
 
 
+@pytest.mark.slow  # run once (pinned environment); its page runs in NumPy 2
 def test_a_wrong_arrangement_is_an_error_on_every_rank(framework):
     ranks = runs(framework)['wrong']
     for errors in ranks:
