@@ -119,15 +119,21 @@ def run_logged(cmd, env, timeout, log_path):
         proc = subprocess.Popen(cmd, env=env, stdout=log,
                                 stderr=subprocess.PIPE, text=True)
         timer = threading.Timer(timeout, proc.kill)
+        timer.daemon = True  # an interrupted run must not wait for it
         timer.start()
         tail = []
-        for line in proc.stderr:
-            log.write(line)
-            tail = (tail + [line])[-30:]
-            if line.startswith('bench:'):
-                print(line, end='', flush=True)
-        proc.wait()
-        timer.cancel()
+        try:
+            for line in proc.stderr:
+                log.write(line)
+                tail = (tail + [line])[-30:]
+                if line.startswith('bench:'):
+                    print(line, end='', flush=True)
+            proc.wait()
+        finally:  # Ctrl-C or a closed stdout: stop the worker, then go on
+            timer.cancel()
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
     if proc.returncode == -9:
         return None
     if proc.returncode:

@@ -5,13 +5,14 @@ output, not something a test can promise.
 """
 import json
 import math
+import pathlib
 import subprocess
 import sys
 
 import pytest
 
 from bench import harness
-from bench.run import MEASUREMENTS, parse_args
+from bench.run import MEASUREMENTS, parse_args, run_logged
 
 # Which measurements each framework's sections make possible on a machine
 # without two GPUs (only PyTorch has both a single-process DataParallel and
@@ -228,3 +229,37 @@ def test_cost_model_rows_are_printed_and_plotted(tmp_path):
     assert harness.plot_cost_model(results, tmp_path / 'cm.svg')
     assert (tmp_path / 'cm.svg').read_text().lstrip().startswith('<?xml')
     assert not harness.plot_cost_model(dict(frameworks={}), tmp_path / 'x.svg')
+
+
+class _ClosedStdout:
+    """A stdout whose reader has gone, as with `make bench | head -1`."""
+    def write(self, text):
+        raise BrokenPipeError(32, 'Broken pipe')
+
+    def flush(self):
+        pass
+
+
+def test_a_reader_that_goes_away_stops_the_worker_at_once(tmp_path,
+                                                          monkeypatch):
+    """No worker left running and no timer keeping the run alive."""
+    import threading
+    import time
+    pid_file = tmp_path / 'worker.pid'
+    worker = ('import os, sys, time\n'
+              f'open({str(pid_file)!r}, "w").write(str(os.getpid()))\n'
+              'for i in range(600):\n'
+              '    print(f"bench: step {i}", file=sys.stderr, flush=True)\n'
+              '    time.sleep(0.1)\n')
+    monkeypatch.setattr(sys, 'stdout', _ClosedStdout())
+    began = time.monotonic()
+    with pytest.raises(BrokenPipeError):
+        run_logged([sys.executable, '-c', worker], None, 900,
+                   tmp_path / 'worker.log')
+    assert time.monotonic() - began < 10
+    pid = int(pid_file.read_text())
+    assert not pathlib.Path(f'/proc/{pid}').exists(), 'the worker still runs'
+    timers = [t for t in threading.enumerate()
+              if isinstance(t, threading.Timer) and t.is_alive()]
+    assert all(t.daemon for t in timers), timers
+
