@@ -141,7 +141,7 @@ def check_tab(root, name, tabs, tab, zip_dir, python, xdist, skip_evaluated=Fals
         result = subprocess.run(
             [python, '-m', 'pytest', '-q', '-p', 'no:cacheprovider', '--rootdir', str(work),
              '--nbval-lax', '--nbval-current-env', '--nbval-cell-timeout=1200',
-             '--nbval-sanitize-with', str(sanitize)] + xdist +
+             '--nbval-sanitize-with', str(sanitize), '--durations=12'] + xdist +
             [str(p.relative_to(folder)) for p in notebooks],
             cwd=folder, env=env)
         return result.returncode
