@@ -33,6 +33,12 @@ if [ -n "$missing" ]; then
   fi
 fi
 
+# APT_ONLY=1: the Debian packages only (scripts/test.sh installs those of the
+# browser and PDF checks in the background while the unit tests run).
+if [ "${APT_ONLY:-0}" = 1 ]; then
+  exit 0
+fi
+
 # The stamp records the requirements the venv was built from; a changed
 # requirements.txt or pyproject.toml triggers a reinstall.
 stamp=.venv/.requirements.sha256

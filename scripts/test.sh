@@ -1,18 +1,24 @@
 #!/usr/bin/env bash
 # make test: the stages one after another (make test-unit, test-notebooks,
 # test-numpy2, test-rendered), while the NumPy-2 environment that
-# test-numpy2 needs is built in the background; prints each stage's time.
+# test-numpy2 needs is built in the background, and so are the Debian
+# packages of the browser and PDF checks (Chromium, TeX); prints each
+# stage's time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p _build
 log=_build/numpy2-venv.log
 scripts/numpy2-venv.sh > $log 2>&1 &
 venv_pid=$!
-stop_venv_build() {
+apt_log=_build/apt.log
+WITH_BROWSER=1 WITH_PDF=1 APT_ONLY=1 scripts/setup.sh > $apt_log 2>&1 &
+apt_pid=$!
+stop_background() {
   pkill -TERM -P $venv_pid 2>/dev/null || true  # pip, if still installing
   kill $venv_pid 2>/dev/null || true
+  wait $apt_pid 2>/dev/null || true  # never leave dpkg half done
 }
-trap stop_venv_build EXIT
+trap stop_background EXIT
 times=""
 stage() {
   local began=$SECONDS
@@ -30,5 +36,11 @@ if ! wait $venv_pid; then
 fi
 cat $log
 stage test-numpy2
+if ! wait $apt_pid; then
+  cat $apt_log >&2
+  echo "test: installing the Debian packages of the browser and PDF checks failed (log above)" >&2
+  exit 1
+fi
+cat $apt_log
 stage test-rendered
 printf 'test: every stage passed in %d s\n%s' $((SECONDS - began)) "$times"
