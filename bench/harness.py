@@ -104,6 +104,18 @@ def time_interleaved(cases, reps, warmup, sync=lambda: None):
     return times
 
 
+def alternate_rounds(cases, reps):
+    """Call each callable in `cases` (name -> fn returning its own seconds,
+    e.g. a timer that starts processes) once per round for `reps` rounds,
+    alternating the order as time_interleaved does. Returns name -> list."""
+    names = list(cases)
+    seconds = {name: [] for name in names}
+    for r in range(reps):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            seconds[name].append(cases[name]())
+    return seconds
+
+
 def summarise(seconds, work=1):
     """Median, min and max of a list of timings, and `work` units per second."""
     med = statistics.median(seconds)

@@ -7,7 +7,8 @@ instead of failing the whole run.
 import statistics
 import numpy as np
 
-from bench.harness import (MB, TRAIN_FLOPS_PER_FORWARD, bytes_per_device,
+from bench.harness import (MB, TRAIN_FLOPS_PER_FORWARD, alternate_rounds,
+                           bytes_per_device,
                            fraction_of_peak, gpu_name, resnet18_conv_flops, serial_shards_ratio,
                            speed_ratio, summarise, time_interleaved)
 
@@ -291,13 +292,10 @@ def dp_vs_ddp(ops, s):
     def ddp():
         return time_ddp(k, batch, steps, warmup)
 
-    cases = [('dp', dp), ('ddp', ddp)]
+    cases = {'dp': dp, 'ddp': ddp}
     if not d2l.num_gpus() and dp_threads > 1:
-        cases.append(('dp_one_thread', dp_one_thread))
-    seconds = {name: [] for name, _ in cases}
-    for r in range(s['ddp_reps']):
-        for name, fn in (cases if r % 2 == 0 else cases[::-1]):
-            seconds[name].append(fn())
+        cases['dp_one_thread'] = dp_one_thread
+    seconds = alternate_rounds(cases, s['ddp_reps'])
     out = {name: summarise(ts, batch) for name, ts in seconds.items()}
     if 'dp_one_thread' in seconds:
         out['ddp_over_dp_one_thread'] = (
@@ -322,11 +320,10 @@ def scaling(ops, s):
     if d2l.num_gpus() == 1:
         raise Missing('scaling at k = 2 needs two devices; 1 GPU found')
     batch, steps, warmup = s['ddp_batch'], s['ddp_steps'], s['ddp_warmup']
-    runs = [('one', 1, batch), ('strong', 2, batch), ('weak', 2, 2 * batch)]
-    seconds = {name: [] for name, _, _ in runs}
-    for r in range(s['ddp_reps']):
-        for name, k, b in (runs if r % 2 == 0 else runs[::-1]):
-            seconds[name].append(time_ddp(k, b, steps, warmup, None, 1))
+    runs = {'one': (1, batch), 'strong': (2, batch), 'weak': (2, 2 * batch)}
+    seconds = alternate_rounds(
+        {name: lambda k=k, b=b: time_ddp(k, b, steps, warmup, None, 1)
+         for name, (k, b) in runs.items()}, s['ddp_reps'])
     t = {name: statistics.median(ts) for name, ts in seconds.items()}
     return dict(k=2, global_batch=batch, steps=steps, seconds=t,
                 strong_speedup=t['one'] / t['strong'],

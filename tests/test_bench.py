@@ -263,3 +263,12 @@ def test_a_reader_that_goes_away_stops_the_worker_at_once(tmp_path,
               if isinstance(t, threading.Timer) and t.is_alive()]
     assert all(t.daemon for t in timers), timers
 
+
+def test_timers_that_start_processes_take_turns_in_alternating_order():
+    """Each round calls every case once; odd rounds run them in reverse."""
+    order = []
+    cases = {name: (lambda name=name: order.append(name) or len(order))
+             for name in ('one', 'strong', 'weak')}
+    seconds = harness.alternate_rounds(cases, 2)
+    assert order == ['one', 'strong', 'weak', 'weak', 'strong', 'one']
+    assert seconds == {'one': [1, 6], 'strong': [2, 5], 'weak': [3, 4]}
