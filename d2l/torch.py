@@ -1161,7 +1161,6 @@ def time_data_parallel(num_devices, global_batch, num_steps, warmup=1,
                       num_steps, warmup, device)
 
 import math
-from torch.distributed.fsdp import fully_shard
 
 def _check_per_device(data, name):
     """Reject an empty list or tensors of different shapes, naming the argument.
@@ -1400,6 +1399,7 @@ def _fsdp_vs_ddp(rank, world_size, init_method, num_steps, batch_size, lr):
     """Worker: train ResNet-18 with DDP, then FSDP; bytes held, parameters.
 
     Defined in :numref:`sec_sharded_data_parallel`"""
+    from torch.distributed.fsdp import fully_shard  # only this worker needs it
     with process_group(rank, world_size, init_method) as device:
         results = {}
         for name in ('DDP', 'FSDP'):
@@ -1419,7 +1419,6 @@ def _fsdp_vs_ddp(rank, world_size, init_method, num_steps, batch_size, lr):
         return results
 
 import queue
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
 def split_stages(layers, num_stages):
     """Cut a list of layers into `num_stages` consecutive groups.
@@ -1661,6 +1660,7 @@ def _pipelining_worker(rank, world_size, init_method, X, y,
     """Worker: one minibatch through Schedule1F1B as stage `rank`.
 
     Defined in :numref:`sec_pipeline`"""
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
     with process_group(rank, world_size, init_method) as device:
         stage = nn.Sequential(*split_stages(pipeline_mlp(depth, width),
                                             world_size)[rank]).to(device)
