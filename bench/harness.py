@@ -93,21 +93,22 @@ def time_interleaved(cases, reps, warmup, sync=lambda: None):
         for name in names:
             cases[name]()
         sync()
-    times = {name: [] for name in names}
-    for r in range(reps):
-        for name in (names if r % 2 == 0 else names[::-1]):
+
+    def timed(fn):
+        def run():
             sync()
             began = time.perf_counter()
-            cases[name]()
+            fn()
             sync()
-            times[name].append(time.perf_counter() - began)
-    return times
+            return time.perf_counter() - began
+        return run
+    return alternate_rounds({name: timed(cases[name]) for name in names}, reps)
 
 
 def alternate_rounds(cases, reps):
     """Call each callable in `cases` (name -> fn returning its own seconds,
     e.g. a timer that starts processes) once per round for `reps` rounds,
-    alternating the order as time_interleaved does. Returns name -> list."""
+    reversing the order every other round. Returns name -> list."""
     names = list(cases)
     seconds = {name: [] for name in names}
     for r in range(reps):
