@@ -644,13 +644,9 @@ def spawn_ranks(worker, world_size, *args, silence_s=60.0):
     _check_rank(0, world_size)
     _check_worker(worker, args)
     _check_timeout(silence_s, 'silence_s')
-    context = multiprocessing.get_context('spawn')
+    context, threads = _worker_context()  # one core per worker on a CPU
     with tempfile.TemporaryDirectory(prefix='d2l-ranks-') as out_dir:
         env, servers = _start_servers(context, world_size, out_dir)
-        # On a CPU a worker is one core (sec_helpers) unless OMP_NUM_THREADS
-        # says otherwise; MXNet reads it once.
-        threads = {} if num_gpus() or 'OMP_NUM_THREADS' in os.environ \
-            else {'OMP_NUM_THREADS': '1'}
         workers = []
         try:  # ps-lite numbers the workers in the order of their ports
             for rank, port in enumerate(_free_ports(world_size)):
@@ -658,7 +654,7 @@ def spawn_ranks(worker, world_size, *args, silence_s=60.0):
                                   **threads):
                     workers.append(context.Process(target=_run_rank, args=(
                         rank, worker, world_size, args, out_dir,
-                        os.getpid())))
+                        os.getpid(), dict(os.environ))))
                     workers[-1].start()
         except BaseException:
             _stop_processes(workers + servers)
@@ -2463,6 +2459,7 @@ def _batchify_resized(batch, size):
 import contextlib
 import logging
 import multiprocessing.connection
+import multiprocessing.forkserver
 import os
 import pickle
 import signal
@@ -2530,22 +2527,63 @@ def _quiet_logger(name):
     finally:
         logger.setLevel(level)
 
-def _start_rank(rank, out_dir, parent_pid):
-    """Prepare a spawned process: log to out_dir, die with the parent.
+def _worker_context():
+    """A context for the workers, and the environment they need.
+
+    Defined in :numref:`sec_spawn_machinery`"""
+    # On a CPU a worker is one core (sec_helpers) unless OMP_NUM_THREADS
+    # says otherwise. MXNet reads it once, on import, so the fork server,
+    # which imports MXNet, serves only one-thread workers.
+    threads = {} if num_gpus() or 'OMP_NUM_THREADS' in os.environ \
+        else {'OMP_NUM_THREADS': '1'}
+    if {**os.environ, **threads}.get('OMP_NUM_THREADS') != '1':
+        return multiprocessing.get_context('spawn'), threads
+    multiprocessing.set_forkserver_preload([__name__])  # this module
+    try:
+        with _environment({}, OMP_NUM_THREADS='1'):
+            multiprocessing.forkserver.ensure_running()
+    except OSError:  # its socket's path, under TMPDIR, is over 107 bytes
+        return multiprocessing.get_context('spawn'), threads
+    return multiprocessing.get_context('forkserver'), threads
+
+def _take_environment(env, keep=()):
+    """Make `env` this process's environment, keeping the names in `keep`.
+
+    Defined in :numref:`sec_spawn_machinery`"""
+    kept = {name: os.environ[name] for name in keep if name in os.environ}
+    os.environ.clear()
+    os.environ.update(env, **kept)
+
+def _die_with_parent(parent_pid):
+    """Die when the fork server does; exit now if `parent_pid` is gone.
+
+    Defined in :numref:`sec_spawn_machinery`"""
+    # The server ends with the process that started it, parent_pid.
+    server = os.getppid()
+    if sys.platform.startswith('linux'):
+        import ctypes
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+    try:
+        os.kill(parent_pid, 0)  # signal 0 only asks whether it exists
+    except ProcessLookupError:
+        os._exit(1)
+    if os.getppid() != server:  # the server ended before we asked
+        os._exit(1)
+
+def _start_rank(rank, out_dir, parent_pid, env=None, keep=()):
+    """Prepare a new process: take `env`, log to out_dir, die with parent.
 
     Defined in :numref:`sec_spawn_machinery`"""
     global _rank_report_dir
     _rank_report_dir = out_dir
+    if env is not None:
+        _take_environment(env, keep)
     log = os.open(os.path.join(out_dir, f'rank{rank}.log'),
                   os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     for stream in (1, 2):  # C++ log lines and dumps bypass sys.stdout/stderr
         os.dup2(log, stream)
     os.close(log)
-    if sys.platform.startswith('linux'):
-        import ctypes
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
-    if os.getppid() != parent_pid:  # the parent died before we asked
-        os._exit(1)
+    _die_with_parent(parent_pid)
     beat = os.path.join(out_dir, f'rank{rank}.alive')
     open(beat, 'w').close()
     threading.Thread(target=_heartbeat, args=(beat,), daemon=True).start()
@@ -2697,7 +2735,7 @@ def _start_servers(context, num_workers, out_dir, num_servers=1):
     for i, role in enumerate(['scheduler'] + ['server'] * num_servers):
         log = os.path.join(out_dir, f'{role}{i}.log')
         servers.append(context.Process(target=_serve, args=(
-            role, env, log, os.getpid())))
+            role, dict(os.environ, **env), log, os.getpid())))
         servers[-1].start()
     return env, servers
 
@@ -2708,12 +2746,9 @@ def _serve(role, env, log_path, parent_pid):
     log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     for stream in (1, 2):
         os.dup2(log, stream)
-    if sys.platform.startswith('linux'):
-        import ctypes
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # kept across exec
-    if os.getppid() != parent_pid:  # the parent died before we asked
-        os._exit(1)
-    os.environ.update(env, DMLC_ROLE=role)
+    _die_with_parent(parent_pid)  # PR_SET_PDEATHSIG is kept across exec
+    _take_environment(env)
+    os.environ['DMLC_ROLE'] = role
     os.execv(sys.executable, [sys.executable, '-c', 'import mxnet'])
 
 def _require(ok, message):
@@ -2962,11 +2997,11 @@ def _is_loopback(host):
     except (OSError, TypeError, ValueError):  # no such host, or no host
         return False
 
-def _run_rank(rank, worker, world_size, args, out_dir, parent_pid):
+def _run_rank(rank, worker, world_size, args, out_dir, parent_pid, env):
     """Body of a worker of spawn_ranks: run the worker, store what it gives.
 
     Defined in :numref:`sec_launchers`"""
-    _start_rank(rank, out_dir, parent_pid)
+    _start_rank(rank, out_dir, parent_pid, env)
     try:
         result = worker(rank, world_size, *args)
     except BaseException:

@@ -660,8 +660,9 @@ def spawn_ranks(worker, world_size, *args, silence_s=60.0):
     with tempfile.TemporaryDirectory(prefix='d2l-ranks-') as out_dir, \
             _quiet_logger('torch.multiprocessing.spawn'):
         context = mp.start_processes(
-            _run_rank, args=(worker, world_size, args, out_dir, os.getpid()),
-            nprocs=world_size, join=False)
+            _run_rank, args=(worker, world_size, args, out_dir, os.getpid(),
+                             dict(os.environ)),
+            nprocs=world_size, join=False, start_method=_fork_server())
         _join_ranks(context, out_dir, world_size, silence_s)
         return _collect_results(out_dir, world_size)
 
@@ -2553,6 +2554,7 @@ def _collate_resized(batch, size):
 import contextlib
 import logging
 import multiprocessing.connection
+import multiprocessing.forkserver
 import os
 import pickle
 import signal
@@ -2621,22 +2623,55 @@ def _quiet_logger(name):
     finally:
         logger.setLevel(level)
 
-def _start_rank(rank, out_dir, parent_pid):
-    """Prepare a spawned process: log to out_dir, die with the parent.
+def _fork_server():
+    """'forkserver', with d2l imported in the server that forks each rank.
+
+    Defined in :numref:`sec_spawn_machinery`"""
+    multiprocessing.set_forkserver_preload([__name__])  # this module
+    try:
+        multiprocessing.forkserver.ensure_running()
+    except OSError:  # its socket's path, under TMPDIR, is over 107 bytes
+        return 'spawn'
+    return 'forkserver'
+
+def _take_environment(env, keep=()):
+    """Make `env` this process's environment, keeping the names in `keep`.
+
+    Defined in :numref:`sec_spawn_machinery`"""
+    kept = {name: os.environ[name] for name in keep if name in os.environ}
+    os.environ.clear()
+    os.environ.update(env, **kept)
+
+def _die_with_parent(parent_pid):
+    """Die when the fork server does; exit now if `parent_pid` is gone.
+
+    Defined in :numref:`sec_spawn_machinery`"""
+    # The server ends with the process that started it, parent_pid.
+    server = os.getppid()
+    if sys.platform.startswith('linux'):
+        import ctypes
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+    try:
+        os.kill(parent_pid, 0)  # signal 0 only asks whether it exists
+    except ProcessLookupError:
+        os._exit(1)
+    if os.getppid() != server:  # the server ended before we asked
+        os._exit(1)
+
+def _start_rank(rank, out_dir, parent_pid, env=None, keep=()):
+    """Prepare a new process: take `env`, log to out_dir, die with parent.
 
     Defined in :numref:`sec_spawn_machinery`"""
     global _rank_report_dir
     _rank_report_dir = out_dir
+    if env is not None:
+        _take_environment(env, keep)
     log = os.open(os.path.join(out_dir, f'rank{rank}.log'),
                   os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     for stream in (1, 2):  # C++ log lines and dumps bypass sys.stdout/stderr
         os.dup2(log, stream)
     os.close(log)
-    if sys.platform.startswith('linux'):
-        import ctypes
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
-    if os.getppid() != parent_pid:  # the parent died before we asked
-        os._exit(1)
+    _die_with_parent(parent_pid)
     beat = os.path.join(out_dir, f'rank{rank}.alive')
     open(beat, 'w').close()
     threading.Thread(target=_heartbeat, args=(beat,), daemon=True).start()
@@ -3067,11 +3102,11 @@ def _join_group(backend, init_method, rank, world_size, timeout_s):
     dist.init_process_group(backend, store=store, rank=rank,
                             world_size=world_size, timeout=timeout)
 
-def _run_rank(rank, worker, world_size, args, out_dir, parent_pid):
+def _run_rank(rank, worker, world_size, args, out_dir, parent_pid, env):
     """Body of a process of spawn_ranks: run the worker, store its outcome.
 
     Defined in :numref:`sec_launchers`"""
-    _start_rank(rank, out_dir, parent_pid)
+    _start_rank(rank, out_dir, parent_pid, env)
     try:
         result = worker(rank, world_size, *args)
     except BaseException:

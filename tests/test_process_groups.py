@@ -14,7 +14,9 @@ import os
 import pathlib
 import signal
 import subprocess
+import shutil
 import sys
+import tempfile
 import textwrap
 import time
 
@@ -593,8 +595,9 @@ def test_interrupting_the_parent_stops_every_rank_and_removes_the_folder(
     module = {'pytorch': 'torch', 'paddle': 'paddle', 'mxnet': 'mxnet'}[framework]
     markers = tmp_path / 'markers'
     markers.mkdir()
-    scratch = tmp_path / 'tmp'  # spawn_ranks's temporary folder goes here
-    scratch.mkdir()
+    # spawn_ranks's temporary folder goes here; a short path, as the fork
+    # server's socket, also here, must be under 108 bytes
+    scratch = pathlib.Path(tempfile.mkdtemp(prefix='d2l-test-'))
     code = textwrap.dedent(f'''
         import signal
         import ddp_test_workers
@@ -638,6 +641,7 @@ def test_interrupting_the_parent_stops_every_rank_and_removes_the_folder(
                 os.kill(int(p.read_text()), signal.SIGKILL)
             except (ProcessLookupError, ValueError):
                 pass
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def workers_code(framework, body):
