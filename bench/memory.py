@@ -6,7 +6,7 @@ Every number is measured: the bytes of the tensors that one device (rank 0,
 which holds the largest shard) stores between steps for parameters,
 gradients and momentum-SGD state, in fp32. DDP and FSDP run one training
 step in k Gloo processes on the CPU (NCCL processes on GPUs) with the book's
-`_fsdp_vs_ddp` worker; ZeRO-1/2/3 use the book's from-scratch `zero_init` on
+`fsdp_vs_ddp` worker; ZeRO-1/2/3 use the book's from-scratch `zero_init` on
 ResNet-18's parameters. `line()` gives the one line that `make bench` prints.
 """
 import argparse
@@ -45,7 +45,7 @@ def framework_bytes(k=2):
     old = os.environ.get('D2L_QUICK')
     os.environ['D2L_QUICK'] = '1'  # the bytes do not depend on the data
     try:
-        ranks = d2l.spawn_ranks(d2l._fsdp_vs_ddp, k, d2l.local_init_method(),
+        ranks = d2l.spawn_ranks(d2l.fsdp_vs_ddp, k, d2l.local_init_method(),
                                 1, 4, 0.05)
     finally:
         if old is None:

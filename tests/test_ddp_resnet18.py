@@ -100,7 +100,7 @@ def test_paddle_ranks_keep_their_own_batch_norm_statistics(framework):
     if framework != 'paddle':
         pytest.skip('PyTorch DDP broadcasts buffers at every forward pass')
     result = run_scenario(framework, """
-        ranks = d2l.spawn_ranks(d2l._batch_norm_statistics_demo, 2, 'env://',
+        ranks = d2l.spawn_ranks(d2l.batch_norm_statistics_demo, 2, 'env://',
                                 3, backend='gloo')
         report([[a.tolist() for a in r] for r in ranks])
         """)

@@ -86,11 +86,11 @@ def test_model_split_over_two_devices_trains_like_one_process(ddp, framework):
 def test_checkpoint_saved_on_rank_0_loads_identically_on_every_rank(
         ddp, framework):
     if framework == 'pytorch':
-        call = ("d2l.spawn_ranks(d2l._checkpoint_demo, 2, "
+        call = ("d2l.spawn_ranks(d2l.checkpoint_demo, 2, "
                 "'file://' + os.path.join(folder, 'rendezvous'), "
                 "os.path.join(folder, 'checkpoint.pt'))")
     else:
-        call = ("d2l.spawn_ranks(d2l._checkpoint_demo, 2, 'env://', "
+        call = ("d2l.spawn_ranks(d2l.checkpoint_demo, 2, 'env://', "
                 "os.path.join(folder, 'checkpoint.pdparams'), backend='gloo')")
     ranks = run_scenario(framework, f"""
         with tempfile.TemporaryDirectory() as folder:
@@ -110,7 +110,7 @@ def test_late_rank_makes_the_other_wait_and_a_rank_that_left_makes_it_fail(
     delay_s, timeout_s = 0.8, 10.0
     if framework == 'pytorch':
         ranks = run_scenario(framework, f"""
-            report(d2l.spawn_ranks(d2l._skew_demo, 2, d2l.local_init_method(),
+            report(d2l.spawn_ranks(d2l.skew_demo, 2, d2l.local_init_method(),
                                    {delay_s}, {timeout_s}))
             """, deadline_s=180)
         rank0 = ranks[0]
@@ -122,7 +122,7 @@ def test_late_rank_makes_the_other_wait_and_a_rank_that_left_makes_it_fail(
         result = run_scenario(framework, f"""
             with tempfile.TemporaryDirectory() as folder:
                 try:
-                    d2l.spawn_ranks(d2l._skew_demo, 2, 'env://', {delay_s},
+                    d2l.spawn_ranks(d2l.skew_demo, 2, 'env://', {delay_s},
                                     folder, backend='gloo')
                     failure = None
                 except Exception as err:
@@ -148,7 +148,7 @@ def test_rank_stuck_longer_than_the_timeout_makes_the_other_raise(ddp,
     message, seconds = run_scenario(framework, """
         began = time.perf_counter()
         try:
-            d2l.spawn_ranks(d2l._skew_demo, 2, d2l.local_init_method(), 100.0, 2.0)
+            d2l.spawn_ranks(d2l.skew_demo, 2, d2l.local_init_method(), 100.0, 2.0)
             report(['no error', time.perf_counter() - began])
         except Exception as err:
             report([str(err), time.perf_counter() - began])
@@ -180,7 +180,7 @@ PAGES = [ROOT / 'chapter_multi_gpu' / name
          for name in ('process-groups.md', 'distributed-data-parallel.md')]
 
 
-DEMOS = ('_all_reduce_demo', '_skew_demo')  # a clean group, a failed one
+DEMOS = ('all_reduce_demo', 'skew_demo')  # a clean group, a failed one
 
 
 def multi_process_cells(tab):
@@ -241,7 +241,7 @@ def test_a_group_of_one_process_runs_the_same_workers(ddp, framework):
     result = run_scenario(framework, f"""
         params = d2l.spawn_ranks(d2l.ddp_sgd_steps, 1, {init}, 2, 16, 0.1)[0]
         with tempfile.TemporaryDirectory() as folder:
-            seen = d2l.spawn_ranks(d2l._checkpoint_demo, 1, {init},
+            seen = d2l.spawn_ranks(d2l.checkpoint_demo, 1, {init},
                                    os.path.join(folder, 'checkpoint'))[0]
         report([params.tolist(), seen['after'].tolist(),
                 seen['trained'].tolist()])

@@ -203,7 +203,7 @@ def test_a_checkpoint_and_a_model_in_two_parts_keep_the_one_process_result(
     proc = run(tmp_path, f'''
         import numpy as np
         path = os.path.join({str(tmp_path)!r}, 'checkpoint')
-        saved = d2l.spawn_ranks(d2l._checkpoint_demo, 2, 'env://', path)
+        saved = d2l.spawn_ranks(d2l.checkpoint_demo, 2, 'env://', path)
         parts = d2l.spawn_ranks(d2l.model_parallel_ddp_steps, 2, 'env://', 3,
                                 16, 0.1)
         alone = d2l.sgd_steps_one_process(3, 32, 0.1)

@@ -240,7 +240,7 @@ def test_two_stage_processes_compute_what_one_device_computes(d2l, framework):
     else:
         import inspect
         api = '''
-ranks = d2l.spawn_ranks(d2l._pipelining_worker, 2, d2l.local_init_method(),
+ranks = d2l.spawn_ranks(d2l.pipelining_worker, 2, d2l.local_init_method(),
                         *sample(10), 5, 5, 16)
 out.append([ranks[-1][0], [g.tolist() for r in ranks for g in r[1]]])
 ''' if framework == 'pytorch' else ''

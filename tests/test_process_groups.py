@@ -243,18 +243,18 @@ def test_paddle_group_names_a_bad_variable_before_joining(
 
 def test_spawn_ranks_rejects_bad_input_before_starting_anything(ddp):
     with pytest.raises(ValueError, match='world_size must be at least 1'):
-        ddp.spawn_ranks(ddp._all_reduce_demo, 0)
+        ddp.spawn_ranks(ddp.all_reduce_demo, 0)
     with pytest.raises(ValueError, match='world_size must be an integer'):
-        ddp.spawn_ranks(ddp._all_reduce_demo, 2.0)
+        ddp.spawn_ranks(ddp.all_reduce_demo, 2.0)
     with pytest.raises(ValueError, match='silence_s must be a positive'):
-        ddp.spawn_ranks(ddp._all_reduce_demo, 2, silence_s=0)
+        ddp.spawn_ranks(ddp.all_reduce_demo, 2, silence_s=0)
     with pytest.raises(TypeError, match='worker must be a function'):
-        ddp.spawn_ranks('_all_reduce_demo', 2)
+        ddp.spawn_ranks('all_reduce_demo', 2)
     # A lambda cannot be found by name in a new process.
     with pytest.raises(ValueError, match='worker cannot be sent'):
         ddp.spawn_ranks(lambda rank, world_size: rank, 2)
     with pytest.raises(ValueError, match='args cannot be sent'):
-        ddp.spawn_ranks(ddp._all_reduce_demo, 2, lambda: 0)
+        ddp.spawn_ranks(ddp.all_reduce_demo, 2, lambda: 0)
     with pytest.raises(ValueError, match='framework must be'):
         ddp.ddp_script_path('jax')
 
@@ -332,7 +332,7 @@ def test_first_group_sums_over_two_separate_processes(ddp, framework):
     init = ('d2l.local_init_method()' if framework == 'pytorch'
             else "'env://'")
     ranks = run_scenario(framework, f"""
-        ranks = d2l.spawn_ranks(d2l._all_reduce_demo, 2, {init})
+        ranks = d2l.spawn_ranks(d2l.all_reduce_demo, 2, {init})
         report([ranks, os.getpid()])
         """)
     ranks, parent = ranks

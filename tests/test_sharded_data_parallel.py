@@ -211,7 +211,7 @@ FSDP_SCENARIO = textwrap.dedent(f'''
     import json
     import numpy as np
     from d2l import torch as d2l
-    ranks = d2l.spawn_ranks(d2l._fsdp_vs_ddp, 2, d2l.local_init_method(),
+    ranks = d2l.spawn_ranks(d2l.fsdp_vs_ddp, 2, d2l.local_init_method(),
                             2, 4, 0.05)
     out = [{{name: [held, float(np.abs(params - ranks[0]['DDP'][1]).max())]
             for name, (held, params) in r.items()}} for r in ranks]

@@ -20,8 +20,8 @@ RENDEZVOUS = {'pytorch': 'd2l.local_init_method()', 'paddle': "'env://'",
 
 
 # (worker, world size, arguments) of every run the tests check, per framework
-RUNS = {'k=1': ('_tp_mlp_worker', 1, (8, 64, 6)),
-        'k=2, uneven 32+31': ('_tp_mlp_worker', 2, (8, 63, 6)),
+RUNS = {'k=1': ('tp_mlp_worker', 1, (8, 64, 6)),
+        'k=2, uneven 32+31': ('tp_mlp_worker', 2, (8, 63, 6)),
         'wrong': ('_tp_wrong_worker', 2, (8, 16))}
 _results = {}
 
