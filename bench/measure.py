@@ -450,9 +450,9 @@ def _model_parallel_rows(d2l, s, p2p_fit, tensor_fit, collective):
         'predict_tensor_time')
     pipe, reps, steps = s['cm_pipeline'], s['cm_reps'], s['cm_steps']
     rng = numpy.random.default_rng(0)
-    X = d2l._tensor(rng.standard_normal(
+    X = d2l.tensor(rng.standard_normal(
         (pipe['batch'], 784)).astype('float32'))
-    y = d2l._tensor(rng.integers(0, 10, pipe['batch']))
+    y = d2l.tensor(rng.integers(0, 10, pipe['batch']))
     ms = pipe['ms']
     runs = [(pipeline_schedule('gpipe', 2, m), m) for m in ms]
     records = time_pipeline(runs[-1:] + runs * reps, 2, X, y, pipe['depth'],

@@ -246,7 +246,7 @@ out.append([ranks[-1][0], [g.tolist() for r in ranks for g in r[1]]])
 ''' if framework == 'pytorch' else ''
         out = run_scenario(framework, inspect.getsource(sample)
                            + inspect.getsource(process_runs) + '''
-X, y = (d2l._tensor(a) for a in sample(10))
+X, y = (d2l.tensor(a) for a in sample(10))
 out = process_runs(d2l, X, y)
 ''' + api + 'report(out)', deadline_s=150)
     loss1, grad1 = one_device(framework, d2l.pipeline_mlp(5, 16), X, y)
