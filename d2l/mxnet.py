@@ -294,14 +294,24 @@ import contextlib
 import numpy
 
 _to = lambda x, device: x.as_in_ctx(device)
-_copy = lambda x, device: x.copyto(device)  # always a new array
 _track = lambda x: x.attach_grad()
 _on = lambda device: contextlib.nullcontext()  # work runs where its data is
 _no_grad, _record = contextlib.nullcontext, autograd.record
 _device_of = lambda x: x.ctx
-_tensor = lambda a, device=npx.cpu(): np.array(a, ctx=device)
 _log_softmax = lambda Z: npx.log_softmax(Z, axis=1)
 _pick = lambda A, y: npx.pick(A, y.reshape(-1), axis=1)
+
+def copy_to(x, device):
+    """A new copy of `x` on `device`, sharing no memory with `x`.
+
+    Defined in :numref:`sec_multi_gpu`"""
+    return x.copyto(device)
+
+def tensor(a, device=None):
+    """A framework array holding `a`, on `device` (None: the CPU).
+
+    Defined in :numref:`sec_multi_gpu`"""
+    return np.array(a, ctx=npx.cpu() if device is None else device)
 
 # Weights are (outputs, inputs[, height, width]); biases follow them.
 LENET_SHAPES = [
@@ -326,7 +336,7 @@ def lenet_params(seed=0):
     """LeNet's initial parameters as CPU tensors, equal in every framework.
 
     Defined in :numref:`sec_multi_gpu`"""
-    return [_tensor(a) for a in lenet_init_arrays(seed)]
+    return [tensor(a) for a in lenet_init_arrays(seed)]
 
 def lenet(X, params):
     """LeNet on raw parameters: two conv/pool stages, three dense layers.
@@ -356,7 +366,7 @@ def get_params(params, device):
 
     Defined in :numref:`sec_multi_gpu`"""
     d2l._check_arrays(params, 'params')
-    copies = [_copy(p, device) for p in params]  # never shares memory with p
+    copies = [copy_to(p, device) for p in params]  # never shares memory with p
     for p in copies:
         _track(p)
     return copies
@@ -518,7 +528,7 @@ def evaluate_accuracy_gpus(net, data_iter, split_f=d2l.split_batch,
     if devices is None:  # every context that holds a copy of the parameters
         devices = list(net.collect_params().values())[0].list_ctx()
     d2l._check_devices(devices)
-    return d2l._accuracy_on_devices(  # net uses each context's own copy
+    return _accuracy_on_devices(  # net uses each context's own copy
         lambda i, X_i: net(X_i), data_iter, split_f, devices)
 
 def train_step_concise(net, X, y, loss, optimizer, devices):
@@ -663,7 +673,7 @@ def spawn_ranks(worker, world_size, *args, silence_s=60.0):
                     world_size, silence_s, servers)
         return _collect_results(out_dir, world_size)
 
-def _push_pull_demo(rank, world_size):
+def push_pull_demo(rank, world_size):
     """Push rank + 1 to a dist_sync store, pull the sum; what this rank saw.
 
     Defined in :numref:`sec_process_groups`"""
@@ -808,7 +818,7 @@ def _timed_step(net, trainer, X, y):
     net[0].weight.data().wait_to_read()  # the pull has arrived
     return time.perf_counter() - began
 
-def _skew_demo(rank, world_size, init_method, delay_s, report_dir):
+def skew_demo(rank, world_size, init_method, delay_s, report_dir):
     """Time dist_sync steps while rank 1 is late once, then leaves.
 
     Defined in :numref:`sec_ddp`"""
@@ -829,7 +839,7 @@ def _skew_demo(rank, world_size, init_method, delay_s, report_dir):
         os._exit(1)  # leave now, without a word to the store
     _timed_step(net, trainer, X, y)  # waits for rank 1's push: forever
 
-def _checkpoint_demo(rank, world_size, init_method, path):
+def checkpoint_demo(rank, world_size, init_method, path):
     """Train, save on rank 0, load on every rank; parameters before, after.
 
     Defined in :numref:`sec_ddp`"""
@@ -1191,11 +1201,11 @@ def reduce_scatter(data):
     for i, x in enumerate(data):
         lo, hi, device = bounds[i], bounds[i + 1], _device(x)
         with _tensors_on(device):
-            total = d2l._copy(_flat(x)[lo:hi], device)
+            total = d2l.copy_to(_flat(x)[lo:hi], device)
             for j, other in enumerate(data):
                 if j != i and hi > lo:  # MXNet cannot add empty arrays
                     # shard i of device j's tensor
-                    total += d2l._copy(_flat(other)[lo:hi], device)
+                    total += d2l.copy_to(_flat(other)[lo:hi], device)
         shards.append(total)
     return shards
 
@@ -1210,7 +1220,7 @@ def all_gather(shards):
     for x in shards:
         with _tensors_on(_device(x)):
             gathered.append(
-                _concat([d2l._copy(s, _device(x)) for s in shards]))
+                _concat([d2l.copy_to(s, _device(x)) for s in shards]))
     return gathered
 
 def unflatten(flat, shapes):
@@ -1286,8 +1296,8 @@ def zero_init(params, devices, stage):
     states = []
     for i, device in enumerate(devices):
         with _tensors_on(device):
-            mine = d2l._copy(flat[bounds[i]:bounds[i + 1]], device)
-            full = mine if stage == 3 else d2l._copy(flat, device)
+            mine = d2l.copy_to(flat[bounds[i]:bounds[i + 1]], device)
+            full = mine if stage == 3 else d2l.copy_to(flat, device)
             states.append({
                 'params': full,
                 'grads': _zeros_like(mine if stage >= 2 else full),
@@ -1492,8 +1502,8 @@ def run_stage(layers, stage, num_stages, steps, Xs, ys, device, send, recv):
         if op == 'F':
             x = Xs[i] if stage == 0 else recv(stage - 1, 'F', i)
             start = time.perf_counter()
-            y = d2l._copy(ys[i], device) if last else None
-            x, outs = _forward(layers, d2l._copy(x, device), y, n)
+            y = d2l.copy_to(ys[i], device) if last else None
+            x, outs = _forward(layers, d2l.copy_to(x, device), y, n)
             nbytes = 4 * sum(math.prod(t.shape) for t in [x, *outs])  # fp32
             held[i], held_bytes = (x, outs[-1], nbytes), held_bytes + nbytes
             peak = max(peak, held_bytes)
@@ -1505,7 +1515,7 @@ def run_stage(layers, stage, num_stages, steps, Xs, ys, device, send, recv):
             grad = None if last else recv(stage + 1, 'B', i)
             start = time.perf_counter()
             x, out, nbytes = held.pop(i)
-            g = _backward(x, out, None if last else d2l._copy(grad, device))
+            g = _backward(x, out, None if last else d2l.copy_to(grad, device))
             held_bytes -= nbytes
             times.append((stage, op, i, start, time.perf_counter()))
             if stage > 0:
@@ -1719,7 +1729,7 @@ def mlp_data(batch_size, d, seed=0):
     return [_from_numpy(rng.standard_normal((batch_size, d)).astype('float32'))
             for _ in range(2)]
 
-def _tp_mlp_worker(rank, world_size, init_method, d, hidden, batch_size):
+def tp_mlp_worker(rank, world_size, init_method, d, hidden, batch_size):
     """Worker: one pass of the tensor-parallel MLP block; results and bytes.
 
     Defined in :numref:`sec_tensor_parallelism`"""
@@ -1751,7 +1761,7 @@ def mesh_allreduces(dp, tp):
     return (CountingAllreduce((kv, j, tp, data)),
             CountingAllreduce((kv, i, dp, tensor)))
 
-def _mesh_worker(rank, world_size, init_method, d, hidden, batch_size):
+def mesh_worker(rank, world_size, init_method, d, hidden, batch_size):
     """Worker: one pass of the MLP block on a 2 x 2 mesh, and its bytes.
 
     Defined in :numref:`sec_tensor_parallelism`"""

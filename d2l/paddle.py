@@ -295,14 +295,25 @@ import contextlib
 import numpy
 
 _to = lambda x, device: x.to(device)  # the same tensor if already there
-_copy = lambda x, device: x.detach().clone().to(device)
 _track = lambda x: setattr(x, 'stop_gradient', False)
 _on = lambda device: paddle.device.device_guard(device)  # the current device
 _no_grad, _record = paddle.no_grad, contextlib.nullcontext
 _device_of = lambda x: _typed_place(x.place)
-_tensor = lambda a, device=paddle.CPUPlace(): paddle.to_tensor(a, place=device)
 _log_softmax = lambda Z: F.log_softmax(Z, axis=1)
 _pick = lambda A, y: paddle.take_along_axis(A, y.reshape([-1, 1]), axis=1)
+
+def copy_to(x, device):
+    """A new copy of `x` on `device`, sharing no memory with `x`.
+
+    Defined in :numref:`sec_multi_gpu`"""
+    return x.detach().clone().to(device)
+
+def tensor(a, device=None):
+    """A framework array holding `a`, on `device` (None: the CPU).
+
+    Defined in :numref:`sec_multi_gpu`"""
+    return paddle.to_tensor(a, place=paddle.CPUPlace() if device is None
+                            else device)
 
 def _typed_place(place):  # device_guard would run a generic GPU Place on GPU 0
     """The CPUPlace or CUDAPlace that a tensor's generic `place` stands for.
@@ -334,7 +345,7 @@ def lenet_params(seed=0):
     """LeNet's initial parameters as CPU tensors, equal in every framework.
 
     Defined in :numref:`sec_multi_gpu`"""
-    return [_tensor(a) for a in lenet_init_arrays(seed)]
+    return [tensor(a) for a in lenet_init_arrays(seed)]
 
 def lenet(X, params):
     """LeNet on raw parameters: two conv/pool stages, three dense layers.
@@ -361,7 +372,7 @@ def get_params(params, device):
 
     Defined in :numref:`sec_multi_gpu`"""
     d2l._check_arrays(params, 'params')
-    copies = [_copy(p, device) for p in params]  # never shares memory with p
+    copies = [copy_to(p, device) for p in params]  # never shares memory with p
     for p in copies:
         _track(p)
     return copies
@@ -558,7 +569,7 @@ def evaluate_accuracy_gpus(net, data_iter, split_f=d2l.split_batch,
         with paddle.device.device_guard(devices[i]):  # compute where X_i is
             return copies[i](X_i)
     with paddle.no_grad():
-        return d2l._accuracy_on_devices(forward, data_iter, split_f, devices)
+        return _accuracy_on_devices(forward, data_iter, split_f, devices)
 
 def train_step_concise(net, X, y, loss, optimizer, devices):
     """One SGD step of this process on its (X, y); returns the summed loss.
@@ -615,11 +626,11 @@ def _sum_over_processes(values, world):
         paddle.distributed.all_reduce(totals)
     return totals.tolist()
 
-def _train_concise_worker(net_fn, seed, num_epochs, batch_size, lr, folder):
+def train_concise_worker(net_fn, seed, num_epochs, batch_size, lr, folder):
     """Body of each process of train_concise_spawn; returns its record.
 
     Defined in :numref:`sec_multi_gpu_concise`"""
-    rank, world, device = d2l._start_concise_rank(folder)
+    rank, world, device = d2l.start_spawned_process(folder)
     paddle.seed(seed)
     model = paddle.DataParallel(net_fn())  # copies rank 0's parameters to all
     sampler, shard_iter, test_iter = _shard_loaders(batch_size, rank, world)
@@ -650,23 +661,10 @@ def train_concise_spawn(net_fn, devices, batch_size, lr, num_epochs, seed=0):
 
     Defined in :numref:`sec_multi_gpu_concise`"""
     d2l._check_spawn_args(net_fn, devices, batch_size, lr, num_epochs)
-    gpus = [str(d.get_device_id()) for d in devices
-            if isinstance(d, paddle.CUDAPlace)]
-    options = {'backend': 'nccl', 'gpus': ','.join(gpus)} if gpus else {
-        'backend': 'gloo'}
     with tempfile.TemporaryDirectory() as folder:
-        with d2l._quiet_spawn():
-            context = paddle.distributed.spawn(
-                d2l._train_concise_worker, nprocs=len(devices), join=False,
-                args=(net_fn, seed, num_epochs, batch_size, lr, folder),
-                **options)
-        try:  # not context.join(): it can wait for good on a failed process
-            codes = d2l._wait_for_ranks(context.processes, folder, None)
-        finally:  # after a failure or an interrupt, leave no process behind
-            d2l._stop_processes(context.processes)  # SIGKILL if SIGTERM fails
-        if codes is not None:
-            raise d2l._spawn_failure(context, codes)
-        records = [queue.get() for queue in context.return_queues]
+        records = d2l.spawn_per_device(
+            d2l.train_concise_worker, devices, folder,
+            net_fn, seed, num_epochs, batch_size, lr, folder)
         paddle.seed(seed)
         net = net_fn()
         net.set_state_dict(paddle.load(os.path.join(folder,
@@ -787,7 +785,7 @@ def spawn_ranks(worker, world_size, *args, silence_s=60.0, backend=None):
         _join_ranks(context, out_dir, world_size, silence_s)
         return _collect_results(out_dir, world_size)
 
-def _all_reduce_demo(rank, world_size, init_method):
+def all_reduce_demo(rank, world_size, init_method):
     """Join a group, sum rank + 1 over all ranks; return what this rank saw.
 
     Defined in :numref:`sec_process_groups`"""
@@ -943,7 +941,7 @@ def _timed_step(net, X, y):
     F.cross_entropy(net(X), y).backward()
     return time.perf_counter() - began
 
-def _skew_demo(rank, world_size, init_method, delay_s, report_dir):
+def skew_demo(rank, world_size, init_method, delay_s, report_dir):
     """Time DataParallel steps while rank 1 is late once, then leaves.
 
     Defined in :numref:`sec_ddp`"""
@@ -965,7 +963,7 @@ def _skew_demo(rank, world_size, init_method, delay_s, report_dir):
         else:
             _timed_step(net, X, y)  # finds rank 1 gone: aborts here
 
-def _checkpoint_demo(rank, world_size, init_method, path):
+def checkpoint_demo(rank, world_size, init_method, path):
     """Train, save on rank 0, load on every rank; parameters before, after.
 
     Defined in :numref:`sec_ddp`"""
@@ -1087,7 +1085,7 @@ def _ddp_epoch(net, optimizer, train_iter, device, world_size, epoch):
     loss_sum, n = _sum_over_ranks([loss_sum, n], device, world_size)
     return loss_sum / n
 
-def _batch_norm_statistics_demo(rank, world_size, init_method, num_steps):
+def batch_norm_statistics_demo(rank, world_size, init_method, num_steps):
     """Train a BN perceptron in DataParallel; running mean before, after.
 
     Defined in :numref:`sec_ddp_resnet`"""
@@ -1314,11 +1312,11 @@ def reduce_scatter(data):
     for i, x in enumerate(data):
         lo, hi, device = bounds[i], bounds[i + 1], _device(x)
         with _tensors_on(device):
-            total = d2l._copy(_flat(x)[lo:hi], device)
+            total = d2l.copy_to(_flat(x)[lo:hi], device)
             for j, other in enumerate(data):
                 if j != i and hi > lo:  # MXNet cannot add empty arrays
                     # shard i of device j's tensor
-                    total += d2l._copy(_flat(other)[lo:hi], device)
+                    total += d2l.copy_to(_flat(other)[lo:hi], device)
         shards.append(total)
     return shards
 
@@ -1333,7 +1331,7 @@ def all_gather(shards):
     for x in shards:
         with _tensors_on(_device(x)):
             gathered.append(
-                _concat([d2l._copy(s, _device(x)) for s in shards]))
+                _concat([d2l.copy_to(s, _device(x)) for s in shards]))
     return gathered
 
 def unflatten(flat, shapes):
@@ -1408,8 +1406,8 @@ def zero_init(params, devices, stage):
     states = []
     for i, device in enumerate(devices):
         with _tensors_on(device):
-            mine = d2l._copy(flat[bounds[i]:bounds[i + 1]], device)
-            full = mine if stage == 3 else d2l._copy(flat, device)
+            mine = d2l.copy_to(flat[bounds[i]:bounds[i + 1]], device)
+            full = mine if stage == 3 else d2l.copy_to(flat, device)
             states.append({
                 'params': full,
                 'grads': _zeros_like(mine if stage >= 2 else full),
@@ -1609,8 +1607,8 @@ def run_stage(layers, stage, num_stages, steps, Xs, ys, device, send, recv):
         if op == 'F':
             x = Xs[i] if stage == 0 else recv(stage - 1, 'F', i)
             start = time.perf_counter()
-            y = d2l._copy(ys[i], device) if last else None
-            x, outs = _forward(layers, d2l._copy(x, device), y, n)
+            y = d2l.copy_to(ys[i], device) if last else None
+            x, outs = _forward(layers, d2l.copy_to(x, device), y, n)
             nbytes = 4 * sum(math.prod(t.shape) for t in [x, *outs])  # fp32
             held[i], held_bytes = (x, outs[-1], nbytes), held_bytes + nbytes
             peak = max(peak, held_bytes)
@@ -1622,7 +1620,7 @@ def run_stage(layers, stage, num_stages, steps, Xs, ys, device, send, recv):
             grad = None if last else recv(stage + 1, 'B', i)
             start = time.perf_counter()
             x, out, nbytes = held.pop(i)
-            g = _backward(x, out, None if last else d2l._copy(grad, device))
+            g = _backward(x, out, None if last else d2l.copy_to(grad, device))
             held_bytes -= nbytes
             times.append((stage, op, i, start, time.perf_counter()))
             if stage > 0:
@@ -1681,7 +1679,7 @@ def _pipeline_worker(rank, world_size, init_method, runs, X, y, depth, width,
     Defined in :numref:`sec_pipeline`"""
     with process_group(rank, world_size, init_method) as device:
         stages = split_stages(pipeline_mlp(depth, width), world_size)
-        X, y = _tensor(X), _tensor(y)
+        X, y = tensor(X), tensor(y)
         shapes = {m: [_stage_shapes(stages, x) for x in
                       split_microbatches(X, y, m)[0]] for _, m in runs}
         _place(stages[rank], device)
@@ -1839,7 +1837,7 @@ def mlp_data(batch_size, d, seed=0):
     return [_from_numpy(rng.standard_normal((batch_size, d)).astype('float32'))
             for _ in range(2)]
 
-def _tp_mlp_worker(rank, world_size, init_method, d, hidden, batch_size):
+def tp_mlp_worker(rank, world_size, init_method, d, hidden, batch_size):
     """Worker: one pass of the tensor-parallel MLP block; results and bytes.
 
     Defined in :numref:`sec_tensor_parallelism`"""
@@ -1857,7 +1855,7 @@ def gather_shards(results, key='grads'):
             numpy.concatenate([r[key][i] for r in results], axis)
             for i, axis in enumerate(results[0]['axes'])]
 
-def _fleet_tp_demo(rank, world_size, init_method, d, hidden):
+def fleet_tp_demo(rank, world_size, init_method, d, hidden):
     """Worker: try PaddlePaddle's tensor-parallel layers on this device.
 
     Defined in :numref:`sec_tensor_parallelism`"""
@@ -1895,7 +1893,7 @@ def mesh_allreduces(dp, tp):
     mine = [g for ranks, g in groups.items() if rank in ranks]
     return CountingAllreduce(mine[1]), CountingAllreduce(mine[0])
 
-def _mesh_worker(rank, world_size, init_method, d, hidden, batch_size):
+def mesh_worker(rank, world_size, init_method, d, hidden, batch_size):
     """Worker: one pass of the MLP block on a 2 x 2 mesh, and its bytes.
 
     Defined in :numref:`sec_tensor_parallelism`"""
@@ -3155,7 +3153,26 @@ def _check_spawn_args(net_fn, devices, batch_size, lr, num_epochs):
                  f'equally by {k} processes; use a multiple of {k}')
     d2l._check_rate(lr, 'lr')
 
-def _start_concise_rank(folder):
+def spawn_per_device(worker, devices, folder, *args):
+    """Run worker(*args) in a process per device; their results by rank.
+
+    Defined in :numref:`sec_training_machinery`"""
+    gpus = [str(d.get_device_id()) for d in devices
+            if isinstance(d, paddle.CUDAPlace)]
+    options = {'backend': 'nccl', 'gpus': ','.join(gpus)} if gpus else {
+        'backend': 'gloo'}
+    with _quiet_spawn():
+        context = paddle.distributed.spawn(worker, nprocs=len(devices),
+                                           join=False, args=args, **options)
+    try:  # not context.join(): it can wait for good on a failed process
+        codes = _wait_for_ranks(context.processes, folder, None)
+    finally:  # after a failure or an interrupt, leave no process behind
+        _stop_processes(context.processes)  # SIGKILL if SIGTERM fails
+    if codes is not None:
+        raise _spawn_failure(context, codes)
+    return [queue.get() for queue in context.return_queues]
+
+def start_spawned_process(folder):
     """Join the group, output to rank<r>.log; return rank, world, device.
 
     Defined in :numref:`sec_training_machinery`"""
@@ -3407,7 +3424,7 @@ def _pump(box, peer, group, sending, shapes, rank, device, errors):
             if sending:
                 dist.send(box.get(), peer, group)
                 continue
-            x = _tensor(numpy.zeros(shapes[i][min(rank, peer)],
+            x = tensor(numpy.zeros(shapes[i][min(rank, peer)],
                                     numpy.float32), device)
             dist.recv(x, peer, group)
             box.put(x)

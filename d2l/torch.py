@@ -297,14 +297,24 @@ import contextlib
 import numpy
 
 _to = lambda x, device: x.to(device)
-_copy = lambda x, device: x.detach().to(device, copy=True)
 _track = lambda x: x.requires_grad_()
 _on = lambda device: contextlib.nullcontext()  # work runs where its data is
 _no_grad, _record = torch.no_grad, contextlib.nullcontext
 _device_of = lambda x: x.device
-_tensor = lambda a, device='cpu': torch.tensor(a, device=device)
 _log_softmax = lambda Z: F.log_softmax(Z, dim=1)
 _pick = lambda A, y: A.gather(1, y.reshape(-1, 1))
+
+def copy_to(x, device):
+    """A new copy of `x` on `device`, sharing no memory with `x`.
+
+    Defined in :numref:`sec_multi_gpu`"""
+    return x.detach().to(device, copy=True)
+
+def tensor(a, device=None):
+    """A framework array holding `a`, on `device` (None: the CPU).
+
+    Defined in :numref:`sec_multi_gpu`"""
+    return torch.tensor(a, device='cpu' if device is None else device)
 
 # Weights are (outputs, inputs[, height, width]); biases follow them.
 LENET_SHAPES = [
@@ -329,7 +339,7 @@ def lenet_params(seed=0):
     """LeNet's initial parameters as CPU tensors, equal in every framework.
 
     Defined in :numref:`sec_multi_gpu`"""
-    return [_tensor(a) for a in lenet_init_arrays(seed)]
+    return [tensor(a) for a in lenet_init_arrays(seed)]
 
 def lenet(X, params):
     """LeNet on raw parameters: two conv/pool stages, three dense layers.
@@ -356,7 +366,7 @@ def get_params(params, device):
 
     Defined in :numref:`sec_multi_gpu`"""
     d2l._check_arrays(params, 'params')
-    copies = [_copy(p, device) for p in params]  # never shares memory with p
+    copies = [copy_to(p, device) for p in params]  # never shares memory with p
     for p in copies:
         _track(p)
     return copies
@@ -527,7 +537,7 @@ def evaluate_accuracy_gpus(net, data_iter, split_f=d2l.split_batch,
     copies = [model if torch.device(d) == home else copy.deepcopy(model).to(d)
               for d in devices]
     with torch.no_grad():
-        return d2l._accuracy_on_devices(lambda i, X_i: copies[i](X_i),
+        return _accuracy_on_devices(lambda i, X_i: copies[i](X_i),
                                         data_iter, split_f, devices)
 
 def train_step_concise(net, X, y, loss, optimizer, devices):
@@ -666,7 +676,7 @@ def spawn_ranks(worker, world_size, *args, silence_s=60.0):
         _join_ranks(context, out_dir, world_size, silence_s)
         return _collect_results(out_dir, world_size)
 
-def _all_reduce_demo(rank, world_size, init_method):
+def all_reduce_demo(rank, world_size, init_method):
     """Join a group, sum rank + 1 over all ranks; return what this rank saw.
 
     Defined in :numref:`sec_process_groups`"""
@@ -815,7 +825,7 @@ def _timed_step(net, X, y):
     F.cross_entropy(net(X), y).backward()
     return time.perf_counter() - began
 
-def _skew_demo(rank, world_size, init_method, delay_s, timeout_s):
+def skew_demo(rank, world_size, init_method, delay_s, timeout_s):
     """Time every rank's DDP steps while rank 1 is late once, then leaves.
 
     Defined in :numref:`sec_ddp`"""
@@ -844,7 +854,7 @@ def _skew_demo(rank, world_size, init_method, delay_s, timeout_s):
         dist.destroy_process_group()  # a broken group cannot meet at a barrier
         return seen
 
-def _checkpoint_demo(rank, world_size, init_method, path):
+def checkpoint_demo(rank, world_size, init_method, path):
     """Train, save on rank 0, load on every rank; parameters before, after.
 
     Defined in :numref:`sec_ddp`"""
@@ -1207,11 +1217,11 @@ def reduce_scatter(data):
     for i, x in enumerate(data):
         lo, hi, device = bounds[i], bounds[i + 1], _device(x)
         with _tensors_on(device):
-            total = d2l._copy(_flat(x)[lo:hi], device)
+            total = d2l.copy_to(_flat(x)[lo:hi], device)
             for j, other in enumerate(data):
                 if j != i and hi > lo:  # MXNet cannot add empty arrays
                     # shard i of device j's tensor
-                    total += d2l._copy(_flat(other)[lo:hi], device)
+                    total += d2l.copy_to(_flat(other)[lo:hi], device)
         shards.append(total)
     return shards
 
@@ -1226,7 +1236,7 @@ def all_gather(shards):
     for x in shards:
         with _tensors_on(_device(x)):
             gathered.append(
-                _concat([d2l._copy(s, _device(x)) for s in shards]))
+                _concat([d2l.copy_to(s, _device(x)) for s in shards]))
     return gathered
 
 def unflatten(flat, shapes):
@@ -1299,8 +1309,8 @@ def zero_init(params, devices, stage):
     states = []
     for i, device in enumerate(devices):
         with _tensors_on(device):
-            mine = d2l._copy(flat[bounds[i]:bounds[i + 1]], device)
-            full = mine if stage == 3 else d2l._copy(flat, device)
+            mine = d2l.copy_to(flat[bounds[i]:bounds[i + 1]], device)
+            full = mine if stage == 3 else d2l.copy_to(flat, device)
             states.append({
                 'params': full,
                 'grads': _zeros_like(mine if stage >= 2 else full),
@@ -1396,7 +1406,7 @@ def _full_parameters(net):
                       .detach().cpu().reshape(-1)
                       for p in net.parameters()]).numpy()
 
-def _fsdp_vs_ddp(rank, world_size, init_method, num_steps, batch_size, lr):
+def fsdp_vs_ddp(rank, world_size, init_method, num_steps, batch_size, lr):
     """Worker: train ResNet-18 with DDP, then FSDP; bytes held, parameters.
 
     Defined in :numref:`sec_sharded_data_parallel`"""
@@ -1544,8 +1554,8 @@ def run_stage(layers, stage, num_stages, steps, Xs, ys, device, send, recv):
         if op == 'F':
             x = Xs[i] if stage == 0 else recv(stage - 1, 'F', i)
             start = time.perf_counter()
-            y = d2l._copy(ys[i], device) if last else None
-            x, outs = _forward(layers, d2l._copy(x, device), y, n)
+            y = d2l.copy_to(ys[i], device) if last else None
+            x, outs = _forward(layers, d2l.copy_to(x, device), y, n)
             nbytes = 4 * sum(math.prod(t.shape) for t in [x, *outs])  # fp32
             held[i], held_bytes = (x, outs[-1], nbytes), held_bytes + nbytes
             peak = max(peak, held_bytes)
@@ -1557,7 +1567,7 @@ def run_stage(layers, stage, num_stages, steps, Xs, ys, device, send, recv):
             grad = None if last else recv(stage + 1, 'B', i)
             start = time.perf_counter()
             x, out, nbytes = held.pop(i)
-            g = _backward(x, out, None if last else d2l._copy(grad, device))
+            g = _backward(x, out, None if last else d2l.copy_to(grad, device))
             held_bytes -= nbytes
             times.append((stage, op, i, start, time.perf_counter()))
             if stage > 0:
@@ -1616,7 +1626,7 @@ def _pipeline_worker(rank, world_size, init_method, runs, X, y, depth, width,
     Defined in :numref:`sec_pipeline`"""
     with process_group(rank, world_size, init_method) as device:
         stages = split_stages(pipeline_mlp(depth, width), world_size)
-        X, y = _tensor(X), _tensor(y)
+        X, y = tensor(X), tensor(y)
         shapes = {m: [_stage_shapes(stages, x) for x in
                       split_microbatches(X, y, m)[0]] for _, m in runs}
         _place(stages[rank], device)
@@ -1656,8 +1666,8 @@ def idle_fraction(times):
     busy = sum(end - start for *_, start, end in times)
     return 1 - busy / (len({t[0] for t in times}) * span)
 
-def _pipelining_worker(rank, world_size, init_method, X, y,
-                       num_microbatches, depth, width):
+def pipelining_worker(rank, world_size, init_method, X, y,
+                      num_microbatches, depth, width):
     """Worker: one minibatch through Schedule1F1B as stage `rank`.
 
     Defined in :numref:`sec_pipeline`"""
@@ -1668,7 +1678,7 @@ def _pipelining_worker(rank, world_size, init_method, X, y,
         schedule = Schedule1F1B(
             PipelineStage(stage, rank, world_size, device), num_microbatches,
             loss_fn=F.cross_entropy)
-        X, y, losses = _tensor(X, device), _tensor(y, device), []
+        X, y, losses = tensor(X, device), tensor(y, device), []
         if rank == world_size - 1:  # the last stage gets the targets
             schedule.step(target=y, losses=losses)
         else:  # the first gets the inputs, any other nothing
@@ -1794,7 +1804,7 @@ def mlp_data(batch_size, d, seed=0):
     return [_from_numpy(rng.standard_normal((batch_size, d)).astype('float32'))
             for _ in range(2)]
 
-def _tp_mlp_worker(rank, world_size, init_method, d, hidden, batch_size):
+def tp_mlp_worker(rank, world_size, init_method, d, hidden, batch_size):
     """Worker: one pass of the tensor-parallel MLP block; results and bytes.
 
     Defined in :numref:`sec_tensor_parallelism`"""
@@ -1812,8 +1822,8 @@ def gather_shards(results, key='grads'):
             numpy.concatenate([r[key][i] for r in results], axis)
             for i, axis in enumerate(results[0]['axes'])]
 
-def _parallelize_module_demo(rank, world_size, init_method, d, hidden,
-                             batch_size):
+def parallelize_module_demo(rank, world_size, init_method, d, hidden,
+                            batch_size):
     """Worker: one pass of the MLP block under parallelize_module.
 
     Defined in :numref:`sec_tensor_parallelism`"""
@@ -1847,7 +1857,7 @@ def mesh_allreduces(dp, tp):
     mine = [g for ranks, g in groups.items() if rank in ranks]
     return CountingAllreduce(mine[1]), CountingAllreduce(mine[0])
 
-def _mesh_worker(rank, world_size, init_method, d, hidden, batch_size):
+def mesh_worker(rank, world_size, init_method, d, hidden, batch_size):
     """Worker: one pass of the MLP block on a 2 x 2 mesh, and its bytes.
 
     Defined in :numref:`sec_tensor_parallelism`"""
@@ -3257,7 +3267,7 @@ def _pump(box, peer, group, sending, shapes, rank, device, errors):
             if sending:
                 dist.send(box.get(), peer, group)
                 continue
-            x = _tensor(numpy.zeros(shapes[i][min(rank, peer)],
+            x = tensor(numpy.zeros(shapes[i][min(rank, peer)],
                                     numpy.float32), device)
             dist.recv(x, peer, group)
             box.put(x)
