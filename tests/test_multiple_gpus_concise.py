@@ -278,8 +278,7 @@ def test_training_helpers_have_one_signature_in_every_framework():
 def test_validators_are_private(d2l):
     """Issue 10 item 11: the section's argument checks stay out of the API."""
     for name in ('check_resnet_args', 'check_num_gpus',
-                 'data_parallel_devices', 'data_parallel_places',
-                 'train_concise_worker'):
+                 'data_parallel_devices', 'data_parallel_places'):
         assert not hasattr(d2l, name), name
 
 
