@@ -2703,6 +2703,13 @@ def _fork_server():
         return 'spawn'
     return 'forkserver'
 
+def _spawn_variables():
+    """Names of the variables that paddle.distributed.spawn set here.
+
+    Defined in :numref:`sec_spawn_machinery`"""
+    return [name for name in os.environ
+            if name.startswith(('PADDLE_', 'FLAGS_selected_'))]
+
 def _take_environment(env, keep=()):
     """Make `env` this process's environment, keeping the names in `keep`.
 
@@ -3161,9 +3168,11 @@ def spawn_per_device(worker, devices, folder, *args):
             if isinstance(d, paddle.CUDAPlace)]
     options = {'backend': 'nccl', 'gpus': ','.join(gpus)} if gpus else {
         'backend': 'gloo'}
-    with _quiet_spawn():
-        context = paddle.distributed.spawn(worker, nprocs=len(devices),
-                                           join=False, args=args, **options)
+    with _quiet_spawn():  # forked with this process's environment
+        context = paddle.distributed.spawn(
+            _run_in_environment, nprocs=len(devices), join=False,
+            args=(worker, args, dict(os.environ)),
+            start_method=_fork_server(), **options)
     try:  # not context.join(): it can wait for good on a failed process
         codes = _wait_for_ranks(context.processes, folder, None)
     finally:  # after a failure or an interrupt, leave no process behind
@@ -3171,6 +3180,13 @@ def spawn_per_device(worker, devices, folder, *args):
     if codes is not None:
         raise _spawn_failure(context, codes)
     return [queue.get() for queue in context.return_queues]
+
+def _run_in_environment(worker, args, env):
+    """worker(*args) after taking `env`, keeping spawn's own variables.
+
+    Defined in :numref:`sec_training_machinery`"""
+    _take_environment(env, keep=_spawn_variables())
+    return worker(*args)
 
 def start_spawned_process(folder):
     """Join the group, output to rank<r>.log; return rank, world, device.
@@ -3270,9 +3286,7 @@ def _run_rank(worker, args, out_dir, parent_pid, env):
 
     Defined in :numref:`sec_launchers`"""
     rank = _int_from_env('PADDLE_TRAINER_ID', 0)  # set by spawn
-    spawned = [name for name in os.environ  # spawn's, for this rank
-               if name.startswith(('PADDLE_', 'FLAGS_selected_'))]
-    _start_rank(rank, out_dir, parent_pid, env, keep=spawned)
+    _start_rank(rank, out_dir, parent_pid, env, keep=_spawn_variables())
     try:
         result = worker(rank, _int_from_env('PADDLE_TRAINERS_NUM', 1), *args)
     except BaseException:
