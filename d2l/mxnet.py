@@ -1012,9 +1012,9 @@ def _ddp_epochs(net, model, optimizer, loader, device, rank, world_size,
         summary['epoch_s'].append(timer.stop())
         summary['test_acc'].append(
             evaluate_accuracy_ddp(model, device, rank, world_size))
-    summary['data'] = describe_mode(
-        quick_mode(num_gpus()), *(len(fashion_mnist_tensors(split)[1])
-                                  for split in ('train', 'test')))
+    sizes = [len(fashion_mnist_tensors(s)[1]) for s in ('train', 'test')]
+    summary['data'] = describe_mode(quick_mode(num_gpus()), *sizes)
+    summary['train_images'] = sizes[0]
     return summary
 
 def train_ddp(rank, world_size, init_method, num_epochs, batch_size, lr,

@@ -1018,9 +1018,9 @@ def _ddp_epochs(net, model, optimizer, loader, device, rank, world_size,
         summary['epoch_s'].append(timer.stop())
         summary['test_acc'].append(
             evaluate_accuracy_ddp(model, device, rank, world_size))
-    summary['data'] = describe_mode(
-        quick_mode(num_gpus()), *(len(fashion_mnist_tensors(split)[1])
-                                  for split in ('train', 'test')))
+    sizes = [len(fashion_mnist_tensors(s)[1]) for s in ('train', 'test')]
+    summary['data'] = describe_mode(quick_mode(num_gpus()), *sizes)
+    summary['train_images'] = sizes[0]
     return summary
 
 def train_ddp(rank, world_size, init_method, num_epochs, batch_size, lr,
@@ -1150,26 +1150,6 @@ def _to_device(x, device):
 
     Defined in :numref:`sec_ddp_resnet`"""
     return x.to(device)
-
-def time_data_parallel(num_devices, global_batch, num_steps, warmup=1,
-                       model_fn=None):
-    """Seconds per step of nn.DataParallel over GPUs 0..num_devices-1.
-
-    Defined in :numref:`sec_ddp_resnet`"""
-    # without GPUs: a plain model on the CPU
-    d2l._check_positive_int(num_devices, 'num_devices')
-    d2l._check_positive_int(global_batch, 'global_batch')
-    d2l._check_positive_int(num_steps, 'num_steps')
-    d2l._check_count(warmup, 'warmup')
-    use_gpus = num_gpus() >= num_devices
-    device = torch.device('cuda', 0) if use_gpus else torch.device('cpu')
-    torch.manual_seed(0)
-    net = (model_fn() if model_fn else resnet18(10)).to(device)
-    if use_gpus:  # without GPUs, nn.DataParallel would just call the model
-        net = nn.DataParallel(net, device_ids=list(range(num_devices)))
-    X, y = timing_batch(global_batch)
-    return time_steps(net, _sgd(net, 0.01), X.to(device), y.to(device),
-                      num_steps, warmup, device)
 
 import math
 
@@ -3010,6 +2990,26 @@ def _check_epoch(epoch, num_epochs):
                  and epoch < num_epochs, f'epoch must be an integer in '
                  f'[0, num_epochs) and num_epochs a positive integer, got '
                  f'epoch={epoch!r}, num_epochs={num_epochs!r}')
+
+def time_data_parallel(num_devices, global_batch, num_steps, warmup=1,
+                       model_fn=None):
+    """Seconds per step of nn.DataParallel over GPUs 0..num_devices-1.
+
+    Defined in :numref:`sec_training_machinery`"""
+    # without GPUs: a plain model on the CPU
+    d2l._check_positive_int(num_devices, 'num_devices')
+    d2l._check_positive_int(global_batch, 'global_batch')
+    d2l._check_positive_int(num_steps, 'num_steps')
+    d2l._check_count(warmup, 'warmup')
+    use_gpus = num_gpus() >= num_devices
+    device = torch.device('cuda', 0) if use_gpus else torch.device('cpu')
+    torch.manual_seed(0)
+    net = (model_fn() if model_fn else resnet18(10)).to(device)
+    if use_gpus:  # without GPUs, nn.DataParallel would just call the model
+        net = nn.DataParallel(net, device_ids=list(range(num_devices)))
+    X, y = timing_batch(global_batch)
+    return time_steps(net, _sgd(net, 0.01), X.to(device), y.to(device),
+                      num_steps, warmup, device)
 
 def _check_rank(rank, world_size, what='rank'):
     """Reject a world size below 1 or a rank outside 0..world_size-1, naming the culprit.
