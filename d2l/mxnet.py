@@ -325,7 +325,6 @@ def lenet_init_arrays(seed=0):
     """LeNet's initial NumPy arrays: He-scaled normal weights, zero biases.
 
     Defined in :numref:`sec_multi_gpu`"""
-    d2l._check_seed(seed)
     rng = numpy.random.default_rng(seed)
     return [numpy.zeros(shape, numpy.float32) if len(shape) == 1 else
             (rng.standard_normal(shape)
@@ -342,7 +341,6 @@ def lenet(X, params):
     """LeNet on raw parameters: two conv/pool stages, three dense layers.
 
     Defined in :numref:`sec_multi_gpu`"""
-    d2l._check_lenet_args(X, params)
     W1, b1, W2, b2, W3, b3, W4, b4, W5, b5 = params
     pool = lambda H: npx.pooling(npx.relu(H), kernel=(2, 2), stride=(2, 2),
                                  pool_type='max')
@@ -358,14 +356,12 @@ def cross_entropy_sum(y_hat, y):
     """Cross-entropy of scores `y_hat` against integer labels, summed.
 
     Defined in :numref:`sec_multi_gpu`"""
-    d2l._check_scores_and_labels(y_hat, y)
     return -_pick(_log_softmax(y_hat), y).sum()
 
 def get_params(params, device):
     """Copy `params` to `device` as new tensors that record their gradients.
 
     Defined in :numref:`sec_multi_gpu`"""
-    d2l._check_arrays(params, 'params')
     copies = [copy_to(p, device) for p in params]  # never shares memory with p
     for p in copies:
         _track(p)
@@ -375,7 +371,8 @@ def allreduce(data, devices=None):
     """Sum same-shaped arrays on different devices, writing the sum to each.
 
     Defined in :numref:`sec_multi_gpu`"""
-    devices = d2l._reduce_devices(data, devices)
+    if devices is None:  # where each array lives
+        devices = [_device_of(x) for x in data]
     first = data[0]
     with _no_grad():
         for x in data[1:]:  # reduce: add every array into the first one
@@ -389,17 +386,12 @@ def shard_sizes(n, k):
     """Sizes of `k` nearly equal parts of `n`; the first n % k get one more.
 
     Defined in :numref:`sec_multi_gpu`"""
-    for name, value, least in (('n', n, 0), ('k', k, 1)):
-        d2l._require(d2l._is_count(value, least),
-                     f'{name} must be an integer of at least {least}; '
-                     f'got {value!r}')
     return [n // k + (1 if i < n % k else 0) for i in range(k)]
 
 def split_batch(X, y, devices):
     """Split examples `X` and labels `y` into one shard on each device.
 
     Defined in :numref:`sec_multi_gpu`"""
-    d2l._check_split(X, y, devices)
     X_shards, y_shards, start = [], [], 0
     for size, device in zip(shard_sizes(X.shape[0], len(devices)), devices):
         X_shards.append(_to(X[start:start + size], device))
@@ -411,7 +403,6 @@ def train_batch(X, y, device_params, devices, lr, allreduce_fn=allreduce):
     """One data-parallel SGD step on (X, y); returns the summed loss.
 
     Defined in :numref:`sec_multi_gpu`"""
-    d2l._check_replicas(device_params, devices)
     X_shards, y_shards = split_batch(X, y, devices)
     y_hats, losses = [], []
     with _record():
@@ -429,13 +420,12 @@ def train_batch(X, y, device_params, devices, lr, allreduce_fn=allreduce):
     for W, device in zip(device_params, devices):
         with _on(device):  # equal gradients keep the replicas equal
             d2l.sgd(W, lr, X.shape[0])
-    return d2l._check_loss(losses, 'this step')  # a float; stops on nan
+    return sum(float(l) for l in losses)  # waits for every device
 
 def evaluate_accuracy_replicas(device_params, data_iter, devices):
     """LeNet's accuracy on `data_iter`, each batch split over the devices.
 
     Defined in :numref:`sec_multi_gpu`"""
-    d2l._check_replicas(device_params, devices)
     counts = d2l.Accumulator(2)  # correct predictions, examples
     with _no_grad():
         for X, y in data_iter:
@@ -448,13 +438,14 @@ def evaluate_accuracy_replicas(device_params, data_iter, devices):
             for y_hat, y_s, device in zip(y_hats, y_shards, used):
                 with _on(device):
                     counts.add(d2l.accuracy(y_hat, y_s), y_s.shape[0])
-    return d2l._accuracy_of_counts(counts)
+    return counts[0] / counts[1]
 
 def ring_allreduce(data, devices=None):
     """Sum arrays on k devices in place: ring reduce-scatter, all-gather.
 
     Defined in :numref:`sec_multi_gpu`"""
-    devices = d2l._reduce_devices(data, devices)
+    if devices is None:  # where each array lives
+        devices = [_device_of(x) for x in data]
     with _no_grad():
         flats = []  # views of the arrays, or copies in MXNet's NumPy interface
         for x, device in zip(data, devices):
@@ -484,7 +475,6 @@ def resnet18(num_classes, in_channels=1):
     """ResNet-18 for small images: a 3x3 stem and no max-pooling.
 
     Defined in :numref:`sec_multi_gpu_concise`"""
-    d2l._check_resnet_args(num_classes, in_channels)
     net = nn.Sequential()
     net.add(nn.Conv2D(64, kernel_size=3, padding=1, in_channels=in_channels),
             nn.BatchNorm(in_channels=64), nn.Activation('relu'))
@@ -500,7 +490,6 @@ def count_trainable_params(net):
     """Number of values in `net` that receive gradients (no BN statistics).
 
     Defined in :numref:`sec_multi_gpu_concise`"""
-    d2l._check_model(net, gluon.Block, 'gluon.Block')
     return sum(p.data().size for p in net.collect_params().values()
                if p.grad_req != 'null')
 
@@ -509,7 +498,7 @@ def _accuracy_on_devices(forward, data_iter, split_f, devices):
 
     Defined in :numref:`sec_multi_gpu_concise`"""
     counts = d2l.Accumulator(2)  # correct predictions, examples
-    for X, y in d2l._batches(data_iter, 'data_iter'):
+    for X, y in data_iter:
         k = min(len(devices), X.shape[0])
         if k == 0:
             continue
@@ -517,7 +506,6 @@ def _accuracy_on_devices(forward, data_iter, split_f, devices):
         y_hats = [forward(i, X_s) for i, X_s in enumerate(X_shards)]
         for y_hat, y_s in zip(y_hats, y_shards):
             counts.add(d2l.accuracy(y_hat, y_s), y_s.shape[0])
-    d2l._check_examples(counts[1], 'data_iter')
     return counts[0] / counts[1]
 
 def evaluate_accuracy_gpus(net, data_iter, split_f=d2l.split_batch,
@@ -527,7 +515,6 @@ def evaluate_accuracy_gpus(net, data_iter, split_f=d2l.split_batch,
     Defined in :numref:`sec_multi_gpu_concise`"""
     if devices is None:  # every context that holds a copy of the parameters
         devices = list(net.collect_params().values())[0].list_ctx()
-    d2l._check_devices(devices)
     return _accuracy_on_devices(  # net uses each context's own copy
         lambda i, X_i: net(X_i), data_iter, split_f, devices)
 
@@ -535,7 +522,6 @@ def train_step_concise(net, X, y, loss, optimizer, devices):
     """One data-parallel SGD step on (X, y) over `devices`; the summed loss.
 
     Defined in :numref:`sec_multi_gpu_concise`"""
-    d2l._check_step(X, y, devices)
     X_shards, y_shards = d2l.split_batch(X, y, devices)
     with autograd.record():
         losses = [loss(net(X_s), y_s) for X_s, y_s in zip(X_shards, y_shards)]
@@ -548,28 +534,23 @@ def train_epoch_concise(net, train_iter, loss, optimizer, devices):
     """One data-parallel pass over `train_iter`; (summed loss, examples).
 
     Defined in :numref:`sec_multi_gpu_concise`"""
-    d2l._check_devices(devices)
     total, n = 0.0, 0
-    for step, (X, y) in enumerate(d2l._batches(train_iter, 'train_iter')):
+    for X, y in train_iter:
         l = d2l.train_step_concise(net, X, y, loss, optimizer, devices)
-        total += d2l._check_loss(l, f'step {step + 1} of this epoch')
+        total += float(l)  # waits for the step to finish
         n += X.shape[0]
-    d2l._check_examples(n, 'train_iter')
     return total, n
 
 def cosine_lr(lr, epoch, num_epochs):
     """Learning rate of epoch `epoch` (from 0), `lr` along half a cosine.
 
     Defined in :numref:`sec_multi_gpu_concise`"""
-    d2l._check_epoch(epoch, num_epochs)
-    d2l._check_rate(lr, 'lr')
     return lr * (1 + math.cos(math.pi * epoch / num_epochs)) / 2
 
 def set_learning_rate(optimizer, lr):
     """Give a Gluon Trainer the learning rate `lr`.
 
     Defined in :numref:`sec_multi_gpu_concise`"""
-    d2l._check_rate(lr, 'lr')
     optimizer.set_learning_rate(lr)
 
 import contextlib
@@ -751,8 +732,6 @@ def _sgd(net, lr, momentum=0.0, kvstore='device'):
 
     Defined in :numref:`sec_ddp`"""
     # kvstore: a kvstore type such as 'device', or a store
-    d2l._check_rate(lr, 'lr')
-    d2l._check_rate(momentum, 'momentum', below=1)
     return gluon.Trainer(net.collect_params(), 'sgd',
                          {'learning_rate': lr, 'momentum': momentum},
                          kvstore=kvstore)
@@ -761,9 +740,6 @@ def shard_of_batch(X, y, step, rank, world_size, batch_size):
     """Rank `rank`'s `batch_size` examples of minibatch `step`, wrapping.
 
     Defined in :numref:`sec_ddp`"""
-    d2l._check_rank(rank, world_size)
-    d2l._check_count(step, 'step')
-    d2l._check_positive_int(batch_size, 'batch_size')
     start = (step * world_size + rank) * batch_size
     idx = np.arange(start, start + batch_size) % len(y)
     return X[idx], y[idx]
@@ -773,7 +749,6 @@ def sgd_on_shards(net, optimizer, rank, world_size, num_steps, batch_size,
     """Take `num_steps` steps, rank `rank` training on its minibatch shard.
 
     Defined in :numref:`sec_ddp`"""
-    d2l._check_count(num_steps, 'num_steps')
     X, y = fashion_mnist_tensors('train')
     loss = gluon.loss.SoftmaxCrossEntropyLoss()
     for step in range(num_steps):
@@ -783,7 +758,7 @@ def sgd_on_shards(net, optimizer, rank, world_size, num_steps, batch_size,
             l = loss(net(X_shard.as_in_ctx(device)), y_shard.as_in_ctx(device))
         l.backward()
         optimizer.step(batch_size * world_size)  # the global minibatch
-        d2l._check_loss(l.mean(), f'step {step + 1}')
+    return float(l.mean()) if num_steps else None  # the last step's loss
 
 def ddp_sgd_steps(rank, world_size, init_method, num_steps, batch_size, lr):
     """Parameter server worker: `num_steps` SGD steps; returns parameters.
@@ -889,8 +864,6 @@ def local_batch_size(batch_size, world_size):
     """Each process's share of a global minibatch of `batch_size`.
 
     Defined in :numref:`sec_ddp_resnet`"""
-    d2l._check_positive_int(batch_size, 'batch_size')
-    d2l._check_positive_int(world_size, 'world_size')
     if batch_size < world_size or batch_size % world_size:
         below = max(world_size, batch_size - batch_size % world_size)
         raise ValueError(
@@ -970,13 +943,12 @@ def _ddp_epoch(net, optimizer, train_iter, device, world_size, epoch):
 
     Defined in :numref:`sec_ddp_resnet`"""
     loss, loss_sum, n = gluon.loss.SoftmaxCrossEntropyLoss(), 0.0, 0
-    for step, (X, y) in enumerate(train_iter):
+    for X, y in train_iter:
         with autograd.record():
             l = loss(net(X.as_in_ctx(device)), y.as_in_ctx(device))
         l.backward()
         optimizer.step(len(y) * world_size)  # the global minibatch
-        where = f'epoch {epoch + 1}, step {step + 1}'
-        loss_sum += d2l._check_loss(l.mean(), where) * len(y)
+        loss_sum += float(l.mean()) * len(y)
         n += len(y)
     loss_sum, n = _sum_over_ranks([loss_sum, n], device, world_size)
     return loss_sum / n
@@ -985,10 +957,6 @@ def warmup_cosine_lr(lr, epoch, num_epochs, warmup=0, start=0.0):
     """Rate of `epoch`: from `start` to `lr` in `warmup` epochs, then down.
 
     Defined in :numref:`sec_ddp_resnet`"""
-    d2l._check_count(warmup, 'warmup')
-    d2l._check_rate(start, 'start')
-    d2l._require(warmup < num_epochs, f'warmup must be below num_epochs, '
-                 f'got warmup={warmup!r}, num_epochs={num_epochs!r}')
     if epoch < warmup:
         return start + (lr - start) * epoch / warmup
     return d2l.cosine_lr(lr, epoch - warmup, num_epochs - warmup)
@@ -1022,8 +990,6 @@ def train_ddp(rank, world_size, init_method, num_epochs, batch_size, lr,
     """Train d2l.resnet18 on Fashion-MNIST at global batch `batch_size`.
 
     Defined in :numref:`sec_ddp_resnet`"""
-    d2l._check_positive_int(num_epochs, 'num_epochs')
-    d2l._check_rate(lr, 'lr')
     local_batch = local_batch_size(batch_size, world_size)
     with process_group(rank, world_size, init_method, local_rank=local_rank,
                        local_world_size=local_world_size) as device:
@@ -1060,7 +1026,6 @@ def timing_batch(global_batch):
     """The first `global_batch` training images and labels, for timing runs.
 
     Defined in :numref:`sec_ddp_resnet`"""
-    d2l._check_positive_int(global_batch, 'global_batch')
     return shard_of_batch(*fashion_mnist_tensors('train'), 0, 0, 1,
                           global_batch)
 
@@ -1113,11 +1078,7 @@ def time_ddp(world_size, global_batch, num_steps, warmup=1, model_fn=None,
     """Seconds per step of `world_size` processes sharing `global_batch`.
 
     Defined in :numref:`sec_ddp_resnet`"""
-    d2l._check_positive_int(global_batch, 'global_batch')
     local_batch_size(global_batch, world_size)  # fail here, not in a child
-    d2l._check_positive_int(num_steps, 'num_steps')
-    d2l._check_count(warmup, 'warmup')
-    d2l._check_positive_int(threads, 'threads')
     init_method = _timing_rendezvous()
     with _environment(_thread_environment(threads)):
         return spawn_ranks(_time_ddp_worker, world_size, init_method,
@@ -1288,8 +1249,6 @@ def zero_init(params, devices, stage):
     """Each device's flat parameters, gradients, momentum for ZeRO `stage`.
 
     Defined in :numref:`sec_sharded_data_parallel`"""
-    check_stage(stage)
-    _check_zero_args(params, devices)
     flat = _concat([_flat(p) for p in params])
     sizes = shard_sizes(flat.shape[0], len(devices))
     bounds = [0, *itertools.accumulate(sizes)]
@@ -1309,10 +1268,6 @@ def zero_step(X, y, states, devices, stage, lr, momentum=0.9):
 
     Defined in :numref:`sec_sharded_data_parallel`"""
     # stage 0 is plain data parallelism
-    check_stage(stage)
-    _check_zero_states(states, devices, stage)
-    d2l._check_rate(lr, 'lr')
-    d2l._check_rate(momentum, 'momentum', below=1)
     X_shards, y_shards = split_batch(X, y, devices)
     fulls = [s['params'] for s in states]
     if stage == 3:  # gathered just before use ...
@@ -2761,6 +2716,64 @@ def _serve(role, env, log_path, parent_pid):
     os.environ['DMLC_ROLE'] = role
     os.execv(sys.executable, [sys.executable, '-c', 'import mxnet'])
 
+import functools
+import inspect
+
+_RULES = dict(  # rule name -> check of one argument, given value and name
+    positive=lambda value, name: d2l._check_positive_int(value, name),
+    count=lambda value, name: d2l._check_count(value, name),
+    rate=lambda value, name: d2l._check_rate(value, name),
+    momentum=lambda value, name: d2l._check_rate(value, name, below=1),
+    devices=lambda value, name: d2l._check_devices(value),
+    devices_or_none=lambda value, name: value is None or
+    d2l._check_devices(value),
+    seed=lambda value, name: d2l._check_seed(value),
+    arrays=lambda value, name: d2l._check_arrays(value, name))
+
+def _nonempty(data_iter, name):
+    """Iterate over `data_iter`; fail at its end if it gave no example.
+
+    Defined in :numref:`sec_training_machinery`"""
+    num_examples = 0
+    for batch in data_iter:
+        num_examples += len(batch[1])
+        yield batch
+    d2l._check_examples(num_examples, name)
+
+def _checked(fn, check=None, batches=(), finite=False, **rules):
+    """`fn`, checking its arguments by `rules` and `check` on every call.
+
+    Defined in :numref:`sec_training_machinery`"""
+    # check: called with the arguments its parameters name; batches: names
+    # of iterables of minibatches; finite: the returned loss (or the first
+    # item returned) must be finite
+    signature = inspect.signature(fn)
+    names = [] if check is None else list(inspect.signature(check).parameters)
+
+    @functools.wraps(fn)
+    def checked(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        values = bound.arguments
+        for name, rule in rules.items():
+            _RULES[rule](values[name], name)
+        if check is not None:
+            check(**{name: values[name] for name in names if name in values})
+        for name in batches:
+            if not hasattr(values[name], '__iter__'):
+                raise TypeError(f'{name} must be an iterable of (X, y) '
+                                f'minibatches, got {type(values[name]).__name__}')
+            values[name] = _nonempty(values[name], name)
+        result = fn(*bound.args, **bound.kwargs)
+        if finite and result is not None:
+            epoch = values.get('epoch')
+            where = f'the end of {fn.__name__}' + (
+                '' if epoch is None else f' in epoch {epoch + 1}')
+            d2l._check_loss(result[0] if isinstance(result, tuple)
+                            else result, where)
+        return result
+    return checked
+
 def _require(ok, message):
     """Raise ValueError with `message` (what to pass instead) unless `ok`.
 
@@ -2923,6 +2936,13 @@ def _check_model(net, kind, kind_name):
         raise TypeError(f'net must be a model ({kind_name}), got '
                         f'{type(net).__name__}; pass e.g. d2l.resnet18(10)')
 
+def _check_warmup(warmup, num_epochs):
+    """Reject a warm-up that is not shorter than the run, saying so.
+
+    Defined in :numref:`sec_training_machinery`"""
+    d2l._require(warmup < num_epochs, f'warmup must be below num_epochs, '
+                 f'got warmup={warmup!r}, num_epochs={num_epochs!r}')
+
 def _check_epoch(epoch, num_epochs):
     """Reject an epoch outside [0, num_epochs), or a bad num_epochs, saying so.
 
@@ -2931,6 +2951,104 @@ def _check_epoch(epoch, num_epochs):
                  and epoch < num_epochs, f'epoch must be an integer in '
                  f'[0, num_epochs) and num_epochs a positive integer, got '
                  f'epoch={epoch!r}, num_epochs={num_epochs!r}')
+
+def _check_model_kind(net):
+    """Reject `net` unless it is a gluon.Block.
+
+    Defined in :numref:`sec_training_machinery`"""
+    d2l._check_model(net, gluon.Block, 'gluon.Block')
+
+_check_concise_step = d2l._check_step
+
+def _check_zero_init(params, devices, stage):
+    """Reject a ZeRO stage, or an empty parameter or device list.
+
+    Defined in :numref:`sec_training_machinery`"""
+    d2l.check_stage(stage)
+    d2l._check_zero_args(params, devices)
+
+def _check_zero_step(states, devices, stage):
+    """Reject a ZeRO stage, or states that do not fit it and the devices.
+
+    Defined in :numref:`sec_training_machinery`"""
+    d2l.check_stage(stage)
+    d2l._check_zero_states(states, devices, stage)
+
+lenet_init_arrays = d2l._checked(d2l.lenet_init_arrays, seed='seed')
+
+lenet = d2l._checked(d2l.lenet, d2l._check_lenet_args)
+
+cross_entropy_sum = d2l._checked(d2l.cross_entropy_sum,
+                                 d2l._check_scores_and_labels)
+
+get_params = d2l._checked(d2l.get_params, params='arrays')
+
+allreduce = d2l._checked(d2l.allreduce, d2l._check_reduce_args)
+
+shard_sizes = d2l._checked(d2l.shard_sizes, n='count', k='positive')
+
+split_batch = d2l._checked(d2l.split_batch, d2l._check_split)
+
+train_batch = d2l._checked(d2l.train_batch, d2l._check_replicas,
+                           finite=True)
+
+evaluate_accuracy_replicas = d2l._checked(
+    d2l.evaluate_accuracy_replicas, d2l._check_replicas,
+    batches=('data_iter',))
+
+ring_allreduce = d2l._checked(d2l.ring_allreduce, d2l._check_reduce_args)
+
+resnet18 = d2l._checked(d2l.resnet18, d2l._check_resnet_args)
+
+count_trainable_params = d2l._checked(d2l.count_trainable_params,
+                                      d2l._check_model_kind)
+
+_accuracy_on_devices = d2l._checked(d2l._accuracy_on_devices,
+                                    batches=('data_iter',))
+
+evaluate_accuracy_gpus = d2l._checked(d2l.evaluate_accuracy_gpus,
+                                      devices='devices_or_none')
+
+train_step_concise = d2l._checked(d2l.train_step_concise,
+                                  d2l._check_concise_step)
+
+train_epoch_concise = d2l._checked(
+    d2l.train_epoch_concise, devices='devices', batches=('train_iter',),
+    finite=True)
+
+cosine_lr = d2l._checked(d2l.cosine_lr, d2l._check_epoch, lr='rate')
+
+set_learning_rate = d2l._checked(d2l.set_learning_rate, lr='rate')
+
+_sgd = d2l._checked(d2l._sgd, lr='rate', momentum='momentum')
+
+shard_of_batch = d2l._checked(
+    d2l.shard_of_batch, lambda rank, world_size: d2l._check_rank(
+        rank, world_size), step='count', batch_size='positive')
+
+sgd_on_shards = d2l._checked(d2l.sgd_on_shards, num_steps='count',
+                             finite=True)
+
+local_batch_size = d2l._checked(d2l.local_batch_size, batch_size='positive',
+                                world_size='positive')
+
+_ddp_epoch = d2l._checked(d2l._ddp_epoch, finite=True)
+
+warmup_cosine_lr = d2l._checked(d2l.warmup_cosine_lr, d2l._check_warmup,
+                                warmup='count', start='rate')
+
+train_ddp = d2l._checked(d2l.train_ddp, num_epochs='positive', lr='rate')
+
+timing_batch = d2l._checked(d2l.timing_batch, global_batch='positive')
+
+time_ddp = d2l._checked(d2l.time_ddp, global_batch='positive',
+                        num_steps='positive', warmup='count',
+                        threads='positive')
+
+zero_init = d2l._checked(d2l.zero_init, d2l._check_zero_init)
+
+zero_step = d2l._checked(d2l.zero_step, d2l._check_zero_step, lr='rate',
+                         momentum='momentum')
 
 def _check_rank(rank, world_size, what='rank'):
     """Reject a world size below 1 or a rank outside 0..world_size-1, naming the culprit.

@@ -569,3 +569,23 @@ def test_a_hidden_cell_runs_but_its_code_stays_off_the_page(html_dir, page_path,
     """d2lbook drops `#@hide` cells from the HTML; the notebooks and `d2l` keep them."""
     assert f'def {name}(' not in page_text(html_dir / page_path)
     assert f'def {name}(' in saved_library(), f'{name} is hidden but not saved into d2l'
+
+
+CODE_BLOCK = re.compile(r'<div class="highlight-python[^"]*"><div class="highlight"><pre>(.*?)</pre>',
+                        re.S)
+
+
+def code_blocks(path):
+    """The code of every code block on a built page, as a reader sees it."""
+    return [html_lib.unescape(re.sub(r'<[^>]+>', '', block))
+            for block in CODE_BLOCK.findall(path.read_text(errors='replace'))]
+
+
+@pytest.mark.parametrize('page_path', [p for p in section_pages()
+                                       if p.startswith('chapter_multi_gpu/')])
+def test_the_code_a_reader_retypes_calls_no_private_d2l_helper(html_dir, page_path):
+    """Chapter code uses public `d2l` names; checks and plumbing live in the appendix."""
+    blocks = code_blocks(html_dir / page_path)
+    assert blocks, f'{page_path} shows no code block: the pattern no longer matches the HTML'
+    private = sorted({name for block in blocks for name in re.findall(r'\bd2l\._\w+', block)})
+    assert private == [], f'{page_path} shows private helpers: {private}'
