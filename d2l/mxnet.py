@@ -229,7 +229,7 @@ class Animator:
 
 QUICK_PER_CLASS = {'train': 10, 'test': 10}
 
-QUICK_MAX_EPOCHS = 2
+QUICK_MAX_EPOCHS = 1
 
 def quick_mode(gpus_found):
     """Whether to serve the small subset: D2L_QUICK if set, else no GPU.

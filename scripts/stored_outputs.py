@@ -806,7 +806,7 @@ def write_fresh(target, text, not_before):
 # annotate: one note per page on where its outputs come from
 
 # What d2l's train_epochs gives in quick mode (QUICK_MAX_EPOCHS, helpers.md).
-QUICK_MAX_EPOCHS = 2
+QUICK_MAX_EPOCHS = 1
 # How a page asks for its epochs: d2l.train_epochs(10), or a default
 # num_epochs=10 of a function that passes it to train_epochs.
 EPOCHS = re.compile(r'\btrain_epochs\((\d+)\)|\bnum_epochs\s*=\s*(\d+)\b')

@@ -329,7 +329,7 @@ def test_unknown_quick_flag_is_an_error(d2l, monkeypatch):
 
 
 def test_quick_mode_caps_training_at_two_epochs(d2l, quick):
-    assert d2l.train_epochs(10) == d2l.QUICK_MAX_EPOCHS == 2
+    assert d2l.train_epochs(10) == d2l.QUICK_MAX_EPOCHS == 1
     assert d2l.train_epochs(1) == 1
 
 

@@ -386,9 +386,9 @@ def code_notebook(*sources):
 
 
 @pytest.mark.parametrize('sources,full,quick', [
-    (['num_epochs, lr = d2l.train_epochs(10), 0.1'], 10, 2),
+    (['num_epochs, lr = d2l.train_epochs(10), 0.1'], 10, 1),
     (['def train(lr, num_epochs=10):\n    num_epochs = d2l.train_epochs(num_epochs)',
-      'train(lr=0.1)'], 10, 2),
+      'train(lr=0.1)'], 10, 1),
     (['n = d2l.train_epochs(1)'], 1, 1),
     (['[round(cosine_lr(0.1, epoch, 10), 4) for epoch in range(10)]'], None, None),
     (['print(d2l.describe_devices(d2l.try_gpus(2)))'], None, None),
