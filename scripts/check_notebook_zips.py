@@ -144,6 +144,10 @@ def check_tab(root, name, tabs, tab, zip_dir, python, xdist, skip_evaluated=Fals
              '--nbval-sanitize-with', str(sanitize), '--durations=12'] + xdist +
             [str(p.relative_to(folder)) for p in notebooks],
             cwd=folder, env=env)
+        if result.returncode == 5 and skipped:  # pytest found no code cell to check:
+            print(f'== {tab}: the notebooks left hold no code cells; the build ran all others',
+                  flush=True)  # every notebook with code was evaluated by this build
+            return 0
         return result.returncode
     finally:
         shutil.rmtree(work, ignore_errors=True)
