@@ -1438,7 +1438,6 @@ def split_stages(layers, num_stages):
     """Cut a list of layers into `num_stages` consecutive groups.
 
     Defined in :numref:`sec_pipeline`"""
-    _check_positive_int(num_stages, 'num_stages')
     layers = list(layers)
     if num_stages > len(layers):
         raise ValueError(f'num_stages={num_stages} exceeds the {len(layers)} '
@@ -1450,9 +1449,6 @@ def pipeline_mlp(depth, width, seed=0):
     """An MLP on flat images as a list of `depth` blocks, 10 scores out.
 
     Defined in :numref:`sec_pipeline`"""
-    _check_positive_int(depth, 'depth')
-    _check_positive_int(width, 'width')
-    _check_count(seed, 'seed')
     _manual_seed(seed)
     sizes = [784] + [int(width)] * (int(depth) - 1) + [10]
     return [nn.Sequential(nn.Linear(a, b), nn.ReLU()) if j < depth - 1
@@ -1463,8 +1459,6 @@ def bubble_fraction(num_stages, num_microbatches):
     """Idle share (p-1)/(m+p-1) of a pipeline of equal steps.
 
     Defined in :numref:`sec_pipeline`"""
-    _check_positive_int(num_stages, 'num_stages')
-    _check_positive_int(num_microbatches, 'num_microbatches')
     return (num_stages - 1) / (num_microbatches + num_stages - 1)
 
 def pipeline_schedule(kind, num_stages, num_microbatches):
@@ -1474,8 +1468,6 @@ def pipeline_schedule(kind, num_stages, num_microbatches):
     if kind not in ('gpipe', '1f1b'):
         raise ValueError(f"kind must be 'gpipe' or '1f1b', got {kind!r}")
     p, m = num_stages, num_microbatches
-    _check_positive_int(p, 'num_stages')
-    _check_positive_int(m, 'num_microbatches')
     orders = []
     for s in range(p):
         ahead = m if kind == 'gpipe' else min(p - 1 - s, m)
@@ -1490,8 +1482,6 @@ def check_schedule(schedule, num_stages, num_microbatches):
 
     Defined in :numref:`sec_pipeline`"""
     p, m = num_stages, num_microbatches
-    _check_positive_int(p, 'num_stages')
-    _check_positive_int(m, 'num_microbatches')
     steps = {(s, op, i) for s in range(p) for op in 'FB' for i in range(m)}
     schedule = [tuple(t) if isinstance(t, (tuple, list)) else t
                 for t in schedule]
@@ -1550,7 +1540,6 @@ def run_stage(layers, stage, num_stages, steps, Xs, ys, device, send, recv):
     """Run one stage's steps (op, micro-batch); times, peak bytes, loss.
 
     Defined in :numref:`sec_pipeline`"""
-    _check_stage_number(stage, num_stages)
     last, n = stage == num_stages - 1, sum(x.shape[0] for x in Xs)
     held, held_bytes, peak, loss, times = {}, 0, 0, 0.0, []
     for op, i in steps:
@@ -1581,7 +1570,6 @@ def split_microbatches(X, y, num_microbatches):
     """Cut a minibatch into `num_microbatches` nearly equal parts.
 
     Defined in :numref:`sec_pipeline`"""
-    _check_positive_int(num_microbatches, 'num_microbatches')
     if num_microbatches > X.shape[0]:
         raise ValueError(f'num_microbatches={num_microbatches} exceeds the '
                          f'{X.shape[0]} examples of the minibatch')
@@ -1595,7 +1583,6 @@ def run_pipeline(stages, schedule, X, y, num_microbatches, timeout_s=60.0):
     Defined in :numref:`sec_pipeline`"""
     p = len(stages)
     check_schedule(schedule, p, num_microbatches)
-    _check_rate(timeout_s, 'timeout_s')
     Xs, ys = split_microbatches(X, y, num_microbatches)
     devices, failed, records, errors = try_gpus(p), threading.Event(), \
         [None] * p, []
@@ -1650,8 +1637,6 @@ def time_pipeline(runs, num_stages, X, y, depth, width, timeout_s=60.0):
     """Run each (schedule, m) of `runs` with a process per stage.
 
     Defined in :numref:`sec_pipeline`"""
-    _check_pipeline_runs(runs, num_stages, X, y, depth, width)
-    _check_rate(timeout_s, 'timeout_s')
     ranks = spawn_ranks(_pipeline_worker, num_stages, _rendezvous(), runs,
                         X.cpu().numpy(), y.cpu().numpy(), depth, width,
                         timeout_s)
@@ -3713,6 +3698,31 @@ def _tp_wrong_worker(rank, world_size, init_method, d, hidden):
             except ValueError as error:
                 errors.append(str(error))
         return errors
+
+split_stages = d2l._checked(d2l.split_stages, num_stages='positive')
+
+pipeline_mlp = d2l._checked(d2l.pipeline_mlp, depth='positive',
+                            width='positive', seed='count')
+
+bubble_fraction = d2l._checked(d2l.bubble_fraction, num_stages='positive',
+                               num_microbatches='positive')
+
+pipeline_schedule = d2l._checked(d2l.pipeline_schedule,
+                                 num_stages='positive',
+                                 num_microbatches='positive')
+
+check_schedule = d2l._checked(d2l.check_schedule, num_stages='positive',
+                              num_microbatches='positive')
+
+run_stage = d2l._checked(d2l.run_stage, d2l._check_stage_number)
+
+split_microbatches = d2l._checked(d2l.split_microbatches,
+                                  num_microbatches='positive')
+
+run_pipeline = d2l._checked(d2l.run_pipeline, timeout_s='rate')
+
+time_pipeline = d2l._checked(d2l.time_pipeline, d2l._check_pipeline_runs,
+                             timeout_s='rate')
 
 def _check_number(name, value, positive=False):
     """Reject a value that is not a finite number >= 0 (> 0 if `positive`)."""
