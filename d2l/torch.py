@@ -31,7 +31,6 @@ def try_gpu(i=0):
     """Return GPU `i` if it exists, otherwise the CPU.
 
     Defined in :numref:`sec_helpers`"""
-    _check_gpu_index(i)
     if i < num_gpus():
         return torch.device(f'cuda:{i}')
     return torch.device('cpu')
@@ -47,7 +46,6 @@ def try_gpus(num_devices):
     """Devices for `num_devices` model copies: GPUs, or the CPU if none.
 
     Defined in :numref:`sec_helpers`"""
-    _check_num_devices(num_devices)
     g = num_gpus()
     if g == 0:
         return [torch.device('cpu')] * num_devices
@@ -78,7 +76,6 @@ def use_one_core(local_rank):
     """Give this process one thread on core number `local_rank`; return it.
 
     Defined in :numref:`sec_helpers`"""
-    _check_count(local_rank, 'local_rank')
     cores = _usable_cores()
     core = cores[local_rank % len(cores)]
     _one_thread()
@@ -249,7 +246,6 @@ def train_epochs(num_epochs):
     """`num_epochs` in full mode; at most QUICK_MAX_EPOCHS in quick mode.
 
     Defined in :numref:`sec_helpers`"""
-    _check_positive_int(num_epochs, 'num_epochs')
     return num_epochs if not quick_mode(num_gpus()) else min(
         num_epochs, QUICK_MAX_EPOCHS)
 
@@ -3017,6 +3013,14 @@ def _check_zero_step(states, devices, stage):
     Defined in :numref:`sec_training_machinery`"""
     d2l.check_stage(stage)
     d2l._check_zero_states(states, devices, stage)
+
+try_gpu = d2l._checked(d2l.try_gpu, d2l._check_gpu_index)
+
+try_gpus = d2l._checked(d2l.try_gpus, d2l._check_num_devices)
+
+use_one_core = d2l._checked(d2l.use_one_core, local_rank='count')
+
+train_epochs = d2l._checked(d2l.train_epochs, num_epochs='positive')
 
 lenet_init_arrays = d2l._checked(d2l.lenet_init_arrays, seed='seed')
 
