@@ -1724,22 +1724,18 @@ def ring_allreduce_time(num_bytes, k, alpha, beta):
     """Alpha-beta seconds of a ring allreduce of `num_bytes` over `k` ranks.
 
     Defined in :numref:`sec_cost_model`"""
-    _check_cost_args(num_bytes, k, alpha, beta)
     return 2 * (k - 1) * (alpha + beta * num_bytes / k)
 
 def naive_allreduce_time(num_bytes, k, alpha, beta):
     """Alpha-beta seconds of a naive allreduce (all through device 0).
 
     Defined in :numref:`sec_cost_model`"""
-    _check_cost_args(num_bytes, k, alpha, beta)
     return 2 * (k - 1) * (alpha + beta * num_bytes)
 
 def ps_pushpull_time(num_bytes, k, alpha, beta, servers=1):
     """Seconds of a push and a pull through `servers` parameter servers.
 
     Defined in :numref:`sec_cost_model`"""
-    _check_cost_args(num_bytes, k, alpha, beta)
-    _check_int('servers', servers, 1)
     return 2 * (alpha + beta * num_bytes * max(1, k / servers))
 
 def fit_alpha_beta(num_bytes, seconds, k):
@@ -1748,7 +1744,6 @@ def fit_alpha_beta(num_bytes, seconds, k):
     Defined in :numref:`sec_cost_model`"""
     # the timings are allreduces over `k` processes
     num_bytes, seconds = list(num_bytes), list(seconds)
-    _check_timings(num_bytes, seconds, k)
     w = [1 / t ** 2 for t in seconds]  # relative, not absolute, errors
     s0, s1, s2 = (sum(wi * n ** e for wi, n in zip(w, num_bytes))
                   for e in (0, 1, 2))
@@ -1767,8 +1762,6 @@ def fit_ps_alpha_beta(num_bytes, seconds, k, servers=1):
     """Alpha and beta of the parameter-server model, fitted to timings.
 
     Defined in :numref:`sec_cost_model`"""
-    _check_int('k (the number of workers)', k, 1)
-    _check_int('servers', servers, 1)
     # The same line t = a + b n: fit it as a ring of two, then convert.
     a2, b2 = fit_alpha_beta(num_bytes, seconds, 2)  # a = 2 a2, b = b2
     return a2, b2 / (2 * max(1, k / servers))
@@ -1778,9 +1771,6 @@ def ddp_buckets(num_bytes, bucket_cap_mb=25, first_bucket_mb=1):
 
     Defined in :numref:`sec_cost_model`"""
     # parameter boundaries are ignored
-    _check_cost_args(num_bytes, 1, 0, 0)
-    _check_number('bucket_cap_mb', bucket_cap_mb, positive=True)
-    _check_number('first_bucket_mb', first_bucket_mb, positive=True)
     first = min(num_bytes, first_bucket_mb * 2 ** 20)
     buckets, rest = ([first] if first else []), num_bytes - first
     while rest > 0:
@@ -1794,8 +1784,6 @@ def predict_step_time(t_compute, num_bytes, k, alpha, beta, cores=None,
 
     Defined in :numref:`sec_cost_model`"""
     # shared-core compute plus the allreduces that compute does not hide
-    _check_cost_args(num_bytes, k, alpha, beta)
-    _check_step_args(t_compute, cores, threads, accumulate, overlap)
     # Processes taking turns on the CPU's cores; None: a device per process.
     share = 1.0 if cores is None else max(1.0, k * threads / cores)
     comm = sum(ring_allreduce_time(b, k, alpha, beta)
@@ -1807,10 +1795,6 @@ def predict_pipeline_time(t_stage, num_stages, num_microbatches,
     """Seconds per pipelined step: the bubble plus the sends that fill it.
 
     Defined in :numref:`sec_cost_model`"""
-    _check_int('num_stages', num_stages, 1)
-    _check_cost_args(message_bytes, num_stages, alpha, beta)
-    _check_number('t_stage', t_stage, positive=True)
-    _check_int('num_microbatches', num_microbatches, 1)
     p, m = num_stages, num_microbatches
     return (m + p - 1) / m * t_stage + 2 * (p - 1) * (
         alpha + beta * message_bytes)
@@ -1820,9 +1804,6 @@ def predict_tensor_time(t_compute, k, activation_bytes, alpha, beta,
     """Seconds per tensor-parallel pass: compute/k plus 2 allreduces/block.
 
     Defined in :numref:`sec_cost_model`"""
-    _check_cost_args(activation_bytes, k, alpha, beta)
-    _check_number('t_compute', t_compute, positive=True)
-    _check_int('blocks', blocks, 1)
     exchange = collective or ring_allreduce_time  # or ps_pushpull_time
     return t_compute / k + 2 * blocks * exchange(activation_bytes, k,
                                                  alpha, beta)
@@ -1843,12 +1824,6 @@ def time_tensor_parallel(k, d, hidden, batch_size, num_steps=2, reps=3):
     """Median seconds per pass of the whole MLP block and of its k parts.
 
     Defined in :numref:`sec_cost_model`"""
-    _check_int('k', k, 2, ' (one process splits nothing)')
-    _check_int('hidden', hidden, k, ' (a hidden unit per process)')
-    _check_mlp_sizes(d, hidden, 0)
-    _check_int('batch_size', batch_size, 1)
-    _check_sizes([4], reps)
-    _check_int('num_steps', num_steps, 1)
     return _slowest_medians(spawn_ranks(
         _tp_timing_worker, k, _rendezvous(), d, hidden, batch_size,
         num_steps, reps))
@@ -3647,3 +3622,89 @@ def _tp_timing_worker(rank, world_size, init_method, d, hidden, batch_size,
             job()
         seconds = _alternating_rounds(jobs, reps, _tp_barrier)
         return [[s / num_steps for s in row] for row in seconds]
+
+def _check_ps_args(num_bytes, k, alpha, beta, servers):
+    """The checks of ps_pushpull_time.
+
+    Defined in :numref:`sec_cost_model_machinery`"""
+    _check_cost_args(num_bytes, k, alpha, beta)
+    _check_int('servers', servers, 1)
+
+def _check_ps_fit(k, servers):
+    """The checks of fit_ps_alpha_beta.
+
+    Defined in :numref:`sec_cost_model_machinery`"""
+    _check_int('k (the number of workers)', k, 1)
+    _check_int('servers', servers, 1)
+
+def _check_buckets(num_bytes, bucket_cap_mb, first_bucket_mb):
+    """The checks of ddp_buckets.
+
+    Defined in :numref:`sec_cost_model_machinery`"""
+    _check_cost_args(num_bytes, 1, 0, 0)
+    _check_number('bucket_cap_mb', bucket_cap_mb, positive=True)
+    _check_number('first_bucket_mb', first_bucket_mb, positive=True)
+
+def _check_step_prediction(t_compute, num_bytes, k, alpha, beta, cores,
+                           threads, accumulate, overlap):
+    """The checks of predict_step_time.
+
+    Defined in :numref:`sec_cost_model_machinery`"""
+    _check_cost_args(num_bytes, k, alpha, beta)
+    _check_step_args(t_compute, cores, threads, accumulate, overlap)
+
+def _check_pipeline_prediction(t_stage, num_stages, num_microbatches,
+                               message_bytes, alpha, beta):
+    """The checks of predict_pipeline_time.
+
+    Defined in :numref:`sec_cost_model_machinery`"""
+    _check_int('num_stages', num_stages, 1)
+    _check_cost_args(message_bytes, num_stages, alpha, beta)
+    _check_number('t_stage', t_stage, positive=True)
+    _check_int('num_microbatches', num_microbatches, 1)
+
+def _check_tensor_prediction(t_compute, k, activation_bytes, alpha, beta,
+                             blocks):
+    """The checks of predict_tensor_time.
+
+    Defined in :numref:`sec_cost_model_machinery`"""
+    _check_cost_args(activation_bytes, k, alpha, beta)
+    _check_number('t_compute', t_compute, positive=True)
+    _check_int('blocks', blocks, 1)
+
+def _check_tensor_timing(k, d, hidden, batch_size, num_steps, reps):
+    """The checks of time_tensor_parallel.
+
+    Defined in :numref:`sec_cost_model_machinery`"""
+    _check_int('k', k, 2, ' (one process splits nothing)')
+    _check_int('hidden', hidden, k, ' (a hidden unit per process)')
+    _check_mlp_sizes(d, hidden, 0)
+    _check_int('batch_size', batch_size, 1)
+    _check_sizes([4], reps)
+    _check_int('num_steps', num_steps, 1)
+
+ring_allreduce_time = d2l._checked(d2l.ring_allreduce_time,
+                                   d2l._check_cost_args)
+
+naive_allreduce_time = d2l._checked(d2l.naive_allreduce_time,
+                                    d2l._check_cost_args)
+
+ps_pushpull_time = d2l._checked(d2l.ps_pushpull_time, d2l._check_ps_args)
+
+fit_alpha_beta = d2l._checked(d2l.fit_alpha_beta, d2l._check_timings)
+
+fit_ps_alpha_beta = d2l._checked(d2l.fit_ps_alpha_beta, d2l._check_ps_fit)
+
+ddp_buckets = d2l._checked(d2l.ddp_buckets, d2l._check_buckets)
+
+predict_step_time = d2l._checked(d2l.predict_step_time,
+                                 d2l._check_step_prediction)
+
+predict_pipeline_time = d2l._checked(d2l.predict_pipeline_time,
+                                     d2l._check_pipeline_prediction)
+
+predict_tensor_time = d2l._checked(d2l.predict_tensor_time,
+                                   d2l._check_tensor_prediction)
+
+time_tensor_parallel = d2l._checked(d2l.time_tensor_parallel,
+                                    d2l._check_tensor_timing)
