@@ -1257,7 +1257,6 @@ def reduce_scatter(data):
     """Sum same-shaped tensors on k devices; device i gets shard i of it.
 
     Defined in :numref:`sec_sharded_data_parallel`"""
-    _check_per_device(data, 'data')
     bounds = [0, *itertools.accumulate(
         shard_sizes(math.prod(data[0].shape), len(data)))]
     shards = []
@@ -1734,7 +1733,6 @@ def block_mlp(d, hidden, seed=0):
     """A transformer-style MLP block, d -> hidden -> ReLU -> d, from `seed`.
 
     Defined in :numref:`sec_tensor_parallelism`"""
-    _check_mlp_sizes(d, hidden, seed)
     _manual_seed(seed)
     return nn.Sequential(nn.Linear(d, hidden), nn.ReLU(),
                          nn.Linear(hidden, d))
@@ -1762,8 +1760,6 @@ def mlp_data(batch_size, d, seed=0):
     """A random minibatch: inputs and targets, both batch_size x d.
 
     Defined in :numref:`sec_tensor_parallelism`"""
-    _check_count(batch_size, 'batch_size', 1)
-    _check_count(d, 'd', 1)
     rng = numpy.random.default_rng(seed)
     return [_from_numpy(rng.standard_normal((batch_size, d)).astype('float32'))
             for _ in range(2)]
@@ -1811,8 +1807,6 @@ def mesh_allreduces(dp, tp):
     """This rank's (data, tensor) CountingAllreduce in a dp x tp mesh.
 
     Defined in :numref:`sec_tensor_parallelism`"""
-    _check_count(dp, 'dp', 1)
-    _check_count(tp, 'tp', 1)
     _check_mesh(dp, tp, dist.get_world_size())
     rank, groups = dist.get_rank(), {}
     for i in range(dp):  # every rank creates every group, in this order
@@ -3702,6 +3696,16 @@ run_pipeline = d2l._checked(d2l.run_pipeline, timeout_s='rate')
 
 time_pipeline = d2l._checked(d2l.time_pipeline, d2l._check_pipeline_runs,
                              timeout_s='rate')
+
+block_mlp = d2l._checked(d2l.block_mlp, d2l._check_mlp_sizes)
+
+mlp_data = d2l._checked(d2l.mlp_data, batch_size='positive', d='positive')
+
+mesh_allreduces = d2l._checked(d2l.mesh_allreduces, dp='positive',
+                               tp='positive')
+
+reduce_scatter = d2l._checked(d2l.reduce_scatter, lambda data:
+                              d2l._check_per_device(data, 'data'))
 
 def _check_number(name, value, positive=False):
     """Reject a value that is not a finite number >= 0 (> 0 if `positive`)."""
