@@ -2443,6 +2443,17 @@ def _quiet_logger(name):
     finally:
         logger.setLevel(level)
 
+def _fork_server():
+    """'forkserver', with d2l imported in the server that forks each rank.
+
+    Defined in :numref:`sec_spawn_machinery`"""
+    multiprocessing.set_forkserver_preload([__name__])  # this module
+    try:
+        multiprocessing.forkserver.ensure_running()
+    except OSError:  # its socket's path, under TMPDIR, is over 107 bytes
+        return 'spawn'
+    return 'forkserver'
+
 def _worker_context():
     """A context for the workers, and the environment they need.
 
@@ -2454,13 +2465,8 @@ def _worker_context():
         else {'OMP_NUM_THREADS': '1'}
     if {**os.environ, **threads}.get('OMP_NUM_THREADS') != '1':
         return multiprocessing.get_context('spawn'), threads
-    multiprocessing.set_forkserver_preload([__name__])  # this module
-    try:
-        with _environment({}, OMP_NUM_THREADS='1'):
-            multiprocessing.forkserver.ensure_running()
-    except OSError:  # its socket's path, under TMPDIR, is over 107 bytes
-        return multiprocessing.get_context('spawn'), threads
-    return multiprocessing.get_context('forkserver'), threads
+    with _environment({}, OMP_NUM_THREADS='1'):  # the server's own
+        return multiprocessing.get_context(_fork_server()), threads
 
 def _take_environment(env, keep=()):
     """Make `env` this process's environment, keeping the names in `keep`.
@@ -2486,14 +2492,13 @@ def _die_with_parent(parent_pid):
     if os.getppid() != server:  # the server ended before we asked
         os._exit(1)
 
-def _start_rank(rank, out_dir, parent_pid, env=None, keep=()):
+def _start_rank(rank, out_dir, parent_pid, env, keep=()):
     """Prepare a new process: take `env`, log to out_dir, die with parent.
 
     Defined in :numref:`sec_spawn_machinery`"""
     global _rank_report_dir
     _rank_report_dir = out_dir
-    if env is not None:
-        _take_environment(env, keep)
+    _take_environment(env, keep)
     log = os.open(os.path.join(out_dir, f'rank{rank}.log'),
                   os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     for stream in (1, 2):  # C++ log lines and dumps bypass sys.stdout/stderr
@@ -2711,9 +2716,7 @@ def _checked(fn, check=None, batches=(), finite=False, **rules):
         if check is not None:
             check(**{name: values[name] for name in names if name in values})
         for name in batches:
-            if not hasattr(values[name], '__iter__'):
-                raise TypeError(f'{name} must be an iterable of (X, y) '
-                                f'minibatches, got {type(values[name]).__name__}')
+            d2l._check_batches(values[name], name)
             values[name] = _nonempty(values[name], name)
         result = fn(*bound.args, **bound.kwargs)
         if finite and result is not None:
@@ -2796,13 +2799,6 @@ def _check_reduce_args(data, devices):
         devices) == len(data)), 'devices must be a list with one device per '
         f'array of data ({len(data)}), or None; got {devices!r:.60}')
 
-def _reduce_devices(data, devices):
-    """Check an allreduce's arguments; return `devices`, or each array's device if None.
-
-    Defined in :numref:`sec_training_machinery`"""
-    _check_reduce_args(data, devices)
-    return [_device_of(x) for x in data] if devices is None else list(devices)
-
 def _check_split(X, y, devices):
     """Raise ValueError, saying what to change, if a batch cannot be split over the devices.
 
@@ -2830,14 +2826,6 @@ def _check_replicas(device_params, devices):
              f'{len(device_params)} replicas but devices names {len(devices)} '
              'devices; build one replica per device with get_params')
 
-def _accuracy_of_counts(counts):
-    """Correct predictions over examples, or ValueError if no example was seen.
-
-    Defined in :numref:`sec_training_machinery`"""
-    _require(counts[1] > 0, 'data_iter yielded no examples; pass an iterator '
-             'over at least one minibatch')
-    return counts[0] / counts[1]
-
 def _check_resnet_args(num_classes, in_channels):
     """Reject a class or channel count that is not a positive integer, saying which.
 
@@ -2853,15 +2841,13 @@ def _check_devices(devices):
     d2l._require(devices, f'devices is empty ({devices!r}); pass at least one '
                  'device, e.g. d2l.try_gpus(1)')
 
-def _batches(data_iter, name):
-    """Iterate over `data_iter`, or say that argument `name` is no iterable.
+def _check_batches(data_iter, name):
+    """Say that argument `name` is no iterable, unless it is one.
 
     Defined in :numref:`sec_training_machinery`"""
-    try:
-        return iter(data_iter)
-    except TypeError:
+    if not hasattr(data_iter, '__iter__'):
         raise TypeError(f'{name} must be an iterable of (X, y) minibatches, '
-                        f'got {type(data_iter).__name__}') from None
+                        f'got {type(data_iter).__name__}')
 
 def _check_examples(num_examples, name):
     """Reject an iterator `name` that yielded no examples.
