@@ -2421,6 +2421,7 @@ def _check_worker(worker, args):
             f'worker {worker.__name__} is defined in this notebook or '
             f'interpreter session, which new processes cannot import: save it '
             f'in a module (as the book saves its workers in d2l) and pass that')
+    _check_main_guard(main)
     for name, value in (('worker', worker), ('args', args)):
         try:
             pickle.dumps(value)
@@ -2429,6 +2430,23 @@ def _check_worker(worker, args):
                 f'{name} cannot be sent to new processes ({err}); use a '
                 f'function defined at the top level of a module and '
                 f'arguments that pickle') from None
+
+def _check_main_guard(main):
+    """Fail early if a script starts ranks at its top level, unguarded.
+
+    Defined in :numref:`sec_spawn_machinery`"""
+    path, frame = getattr(main, '__file__', None), sys._getframe(2)
+    while frame is not None and frame.f_globals is not vars(main):
+        frame = frame.f_back  # the script's own frame, if it called us
+    if path is None or frame is None or frame.f_code.co_name != '<module>':
+        return
+    with open(path, errors='replace') as f:
+        if '__main__' in f.read():
+            return
+    raise RuntimeError(
+        f'{path} starts processes at its top level, and every new process '
+        f'imports that script again: put the code that starts them under '
+        f"`if __name__ == '__main__':`")
 
 @contextlib.contextmanager
 def _quiet_logger(name):
@@ -3178,6 +3196,21 @@ def ddp_script_path(framework=None):
             return place
     raise FileNotFoundError(f'{name} is in none of ' + ', '.join(places) +
                             ": run from the book's root or notebook folder")
+
+def _waiting_init_params(init_params):
+    """Trainer._init_params that returns once its broadcasts have landed.
+
+    Defined in :numref:`sec_launchers`"""
+    def init_params_and_wait(self):
+        npx.waitall()  # the first backward pass, finished
+        init_params(self)
+        npx.waitall()  # rank 0's parameters, in every rank
+    init_params_and_wait.waits = True
+    return init_params_and_wait
+
+if not getattr(gluon.Trainer._init_params, 'waits', False):
+    gluon.Trainer._init_params = _waiting_init_params(
+        gluon.Trainer._init_params)
 
 def _needs(stage, op, i, num_stages):
     """The steps that must run before step (stage, op, i).

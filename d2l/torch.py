@@ -2495,6 +2495,7 @@ def _check_worker(worker, args):
             f'worker {worker.__name__} is defined in this notebook or '
             f'interpreter session, which new processes cannot import: save it '
             f'in a module (as the book saves its workers in d2l) and pass that')
+    _check_main_guard(main)
     for name, value in (('worker', worker), ('args', args)):
         try:
             pickle.dumps(value)
@@ -2503,6 +2504,23 @@ def _check_worker(worker, args):
                 f'{name} cannot be sent to new processes ({err}); use a '
                 f'function defined at the top level of a module and '
                 f'arguments that pickle') from None
+
+def _check_main_guard(main):
+    """Fail early if a script starts ranks at its top level, unguarded.
+
+    Defined in :numref:`sec_spawn_machinery`"""
+    path, frame = getattr(main, '__file__', None), sys._getframe(2)
+    while frame is not None and frame.f_globals is not vars(main):
+        frame = frame.f_back  # the script's own frame, if it called us
+    if path is None or frame is None or frame.f_code.co_name != '<module>':
+        return
+    with open(path, errors='replace') as f:
+        if '__main__' in f.read():
+            return
+    raise RuntimeError(
+        f'{path} starts processes at its top level, and every new process '
+        f'imports that script again: put the code that starts them under '
+        f"`if __name__ == '__main__':`")
 
 @contextlib.contextmanager
 def _quiet_logger(name):
