@@ -515,6 +515,7 @@ def test_paddle_failing_worker_reports_its_error_and_leaves_nothing(
     import multiprocessing
     import tempfile
     from d2l import paddle as d2l
+    d2l._fork_server()  # its socket folder lives as long as this process
     monkeypatch.setattr(tempfile, 'tempdir', str(tmp_path))
     capfd.readouterr()  # what importing Paddle here printed is not the workers'
     with pytest.raises(Exception, match='this constructor fails on purpose'):
