@@ -441,7 +441,9 @@ def small_paddle_net():
 
 
 def failing_paddle_net():
-    """A constructor that fails inside the worker process."""
+    """A constructor that fails in every worker once all have formed the group."""
+    import paddle.distributed as dist
+    dist.barrier()  # else rank 0 may still be joining when rank 1 has failed
     raise RuntimeError('this constructor fails on purpose')
 
 
