@@ -3211,15 +3211,6 @@ def _quiet_spawn():
             if value is not None:
                 os.environ[key] = value
 
-def _spawn_failure(context, codes):
-    """The error of the first failed process of paddle.distributed.spawn.
-
-    Defined in :numref:`sec_training_machinery`"""
-    rank = next(r for r, code in enumerate(codes) if code not in (None, 0))
-    queue = context.error_queues[rank]
-    said = queue.get() if not queue.empty() else f'exit code {codes[rank]}'
-    return RuntimeError(f'process {rank} of {len(codes)} failed:\n{said}')
-
 def _check_spawn_args(net_fn, devices, batch_size, lr, num_epochs):
     """Reject arguments of train_concise_spawn that cannot work, saying which.
 
@@ -3248,22 +3239,28 @@ def spawn_per_device(worker, devices, folder, *args):
     with _quiet_spawn():  # forked with this process's environment
         context = paddle.distributed.spawn(
             _run_in_environment, nprocs=len(devices), join=False,
-            args=(worker, args, dict(os.environ)),
+            args=(worker, args, dict(os.environ), folder),
             start_method=_fork_server(), **options)
     try:  # not context.join(): it can wait for good on a failed process
         codes = _wait_for_ranks(context.processes, folder, None)
     finally:  # after a failure or an interrupt, leave no process behind
         _stop_processes(context.processes)  # SIGKILL if SIGTERM fails
-    if codes is not None:
-        raise _spawn_failure(context, codes)
+    if codes is not None:  # the earliest error is the cause, as in spawn_ranks
+        raise _rank_failure(folder, len(devices), codes) from None
     return [queue.get() for queue in context.return_queues]
 
-def _run_in_environment(worker, args, env):
-    """worker(*args) after taking `env`, keeping spawn's own variables.
+def _run_in_environment(worker, args, env, folder):
+    """worker(*args) after taking `env`; an error is written to `folder`.
 
     Defined in :numref:`sec_training_machinery`"""
-    _take_environment(env, keep=_spawn_variables())
-    return worker(*args)
+    global _rank_report_dir
+    _take_environment(env, keep=_spawn_variables())  # spawn's own stay
+    _rank_report_dir = folder  # as in the processes of spawn_ranks
+    try:
+        return worker(*args)
+    except BaseException:
+        _record_rank_failure(int(os.environ.get('PADDLE_TRAINER_ID', '0')))
+        raise
 
 def start_spawned_process(folder):
     """Join the group, output to rank<r>.log; return rank, world, device.

@@ -529,6 +529,38 @@ def test_paddle_failing_worker_reports_its_error_and_leaves_nothing(
     assert not [word for word in NOISE if word in printed], printed
 
 
+def cause_then_consequence(folder):
+    """Rank 1 fails first but its process ends late; rank 0 fails after it."""
+    import multiprocessing.util
+    import os
+    import time
+    if os.environ['PADDLE_TRAINER_ID'] == '1':
+        # hold back the end of this process, as a slow exit would
+        multiprocessing.util.Finalize(None, time.sleep, args=(5,),
+                                      exitpriority=100)
+        open(os.path.join(folder, 'raising'), 'w').close()
+        raise ValueError('the cause')
+    while not os.path.exists(os.path.join(folder, 'raising')):
+        time.sleep(0.05)
+    time.sleep(0.3)
+    raise RuntimeError('a consequence')
+
+
+@pytest.mark.slow
+def test_paddle_processes_report_the_earliest_error_not_the_first_exit(
+        tmp_path):
+    """As spawn_ranks does: the process that ends first may only have failed
+    because another one had failed before it."""
+    import multiprocessing
+    from d2l import paddle as d2l
+    with pytest.raises(RuntimeError, match='rank 1 of 2 failed') as failure:
+        d2l.spawn_per_device(cause_then_consequence, cpu_devices('paddle', 2),
+                             str(tmp_path), str(tmp_path))
+    assert 'ValueError: the cause' in str(failure.value)
+    assert 'a consequence' not in str(failure.value)
+    assert multiprocessing.active_children() == []
+
+
 def sleeping_paddle_net():
     """A constructor that notes its process id and then waits to be stopped."""
     import os

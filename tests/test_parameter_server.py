@@ -217,3 +217,32 @@ def test_a_checkpoint_and_a_model_in_two_parts_keep_the_one_process_result(
     assert loaded == [0.0, 0.0]  # every rank loads rank 0's weights exactly
     assert min(fresh) > 1e-3  # and they differ from a fresh model's
     assert max(split) < 1e-6  # two parts compute what one process does
+
+
+def test_a_trainer_s_first_step_waits_for_the_backward_pass_and_its_broadcast(
+        monkeypatch):
+    """The launchers appendix: a dist_sync trainer's first step broadcasts
+    rank 0's parameters; the first exchange of gradients must not overtake
+    that pull. Every trainer's first step waits before and after it."""
+    from d2l import mxnet as d2l
+    from mxnet import autograd, gluon, np, npx
+    assert gluon.Trainer._init_params.waits  # installed when d2l is imported
+    events, waitall = [], npx.waitall
+
+    def recorded_wait():
+        events.append('wait')
+        waitall()
+    monkeypatch.setattr(npx, 'waitall', recorded_wait)
+    d2l._waiting_init_params(lambda trainer: events.append('init'))(None)
+    assert events == ['wait', 'init', 'wait']
+    net = gluon.nn.Dense(2)
+    net.initialize()
+    trainer = gluon.Trainer(net.collect_params(), 'sgd', {'learning_rate': 1},
+                            kvstore='local')
+    for step in range(2):
+        events.clear()
+        with autograd.record():
+            loss = net(np.ones((3, 4))).sum()
+        loss.backward()
+        trainer.step(3)
+        assert events == (['wait', 'wait'] if step == 0 else [])
