@@ -129,6 +129,29 @@ def fix_citation_list(page):
     page.write_text(text[:first] + CITATION_LIST + '\n' + text[first:])
 
 
+CITED = re.compile(r'<a class="reference internal" href="[^"#]*zreferences\.html#(?P<id>[\w-]+)"'
+                   r'[^>]*>(?P<text>.*?)</a>', re.S)
+LABEL = re.compile(r'(<div class="citation" id="(?P<id>[\w-]+)"[^>]*>\s*<span class="label">'
+                   r'<span class="fn-bracket">\[</span>)(?P<label>[^<]*)(<span)')
+
+
+def fix_citation_labels(html_dir, bibliography):
+    """Label each bibliography entry as the text cites it ("Sergeev and Del Balso, 2018").
+
+    The bibliography's labels come from a different style than the citations
+    in the text: "Sergeev & DelBalso, 2018" against "Sergeev and Del Balso,
+    2018". The label of an entry becomes the text of the links to it.
+    """
+    cited = {}
+    for page in html_dir.rglob('*.html'):
+        for match in CITED.finditer(page.read_text()):
+            cited.setdefault(match['id'], re.sub(r'<[^>]+>', '', match['text']))
+    text = bibliography.read_text()
+    new = LABEL.sub(lambda m: m[1] + cited.get(m['id'], m['label']) + m[4], text)
+    if new != text:
+        bibliography.write_text(new)
+
+
 def prune_theme_variants(html_dir):
     """Delete the Material Design Lite colour variants that no page links."""
     folder = html_dir / '_static' / 'material-design-lite-1.3.0'
@@ -181,6 +204,9 @@ def make_offline(html_dir):
     for page in html_dir.rglob('*.html'):
         fix_header_links(html_dir, page)
         fix_citation_list(page)
+    bibliography = html_dir / 'chapter_references' / 'zreferences.html'
+    if bibliography.exists():
+        fix_citation_labels(html_dir, bibliography)
     found = remote_loads(html_dir)
     if found:
         lines = '\n'.join(f'  {p.relative_to(html_dir)}: {u}' for p, u in found[:20])

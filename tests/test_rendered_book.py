@@ -589,3 +589,52 @@ def test_the_code_a_reader_retypes_calls_no_private_d2l_helper(html_dir, page_pa
     assert blocks, f'{page_path} shows no code block: the pattern no longer matches the HTML'
     private = sorted({name for block in blocks for name in re.findall(r'\bd2l\._\w+', block)})
     assert private == [], f'{page_path} shows private helpers: {private}'
+
+
+
+TABLE_CELL = re.compile(r'<t[hd][^>]*>(.*?)</t[hd]>', re.S)
+
+
+@pytest.mark.parametrize('page_path', section_pages())
+def test_every_word_in_a_table_is_a_word_of_its_source(html_dir, page_path):
+    """Pandoc wraps a table's cells at the widths its dashes give and cuts a
+    word wider than its column: `Dist ributedDataParallel`, `c olumn-parallel`."""
+    source = (ROOT / page_path).with_suffix('.md').read_text()
+    cut = set()
+    for cell in TABLE_CELL.findall((html_dir / page_path).read_text()):
+        text = html_lib.unescape(re.sub(r'<[^>]+>', ' ', cell))
+        for word in re.findall(r'[A-Za-z0-9_][\w-]*', text):
+            if not re.search(rf'(?<![\w-]){re.escape(word)}(?![\w-])', source):
+                cut.add(word)
+    assert cut == set(), f'{page_path} shows table words its source lacks: {cut}'
+
+
+@pytest.mark.parametrize('page_path', section_pages())
+def test_no_markup_leaks_into_the_text_as_backticks(html_dir, page_path):
+    """A code literal that Pandoc wrapped between its backticks renders as
+    `` _SumOverRanks`` in italics instead of as code."""
+    text = (html_dir / page_path).read_text()
+    for element in ('pre', 'code', 'script', 'style', 'textarea'):
+        text = re.sub(rf'<{element}\b.*?</{element}>', '', text, flags=re.S)
+    text = html_lib.unescape(re.sub(r'<[^>]+>', '', text))
+    leaks = [text[max(0, m.start() - 30):m.end() + 30].replace('\n', ' ')
+             for m in re.finditer('`+', text)]
+    assert leaks == [], f'{page_path} shows raw backticks: {leaks[:3]}'
+
+
+def test_the_bibliography_labels_each_entry_as_the_text_cites_it(html_dir):
+    """Not "[Sergeev & DelBalso, 2018]" below "Sergeev and Del Balso, 2018"."""
+    cited = {}
+    for page in html_dir.rglob('*.html'):
+        for link, text in re.findall(r'<a class="reference internal" href="[^"#]*'
+                                     r'zreferences\.html#([\w-]+)"[^>]*>(.*?)</a>',
+                                     page.read_text(), flags=re.S):
+            cited.setdefault(link, set()).add(re.sub(r'<[^>]+>', '', text))
+    bibliography = (html_dir / 'chapter_references' / 'zreferences.html').read_text()
+    labels = dict(re.findall(r'<div class="citation" id="([\w-]+)"[^>]*>\s*<span class='
+                             r'"label"><span class="fn-bracket">\[</span>([^<]*)<',
+                             bibliography))
+    assert labels, 'no labelled entry on the bibliography page: the pattern no longer matches'
+    assert len(cited) >= len(labels) > 0
+    differ = {labels[key]: texts for key, texts in cited.items() if {labels.get(key)} != texts}
+    assert differ == {}, f'labels that differ from the citations in the text: {differ}'
