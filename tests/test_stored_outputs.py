@@ -507,6 +507,16 @@ def test_nbval_compares_rounding_level_numbers_as_equal_and_real_differences_not
         assert real in nbval_sanitised(f'differs by {real}', tmp_path)
 
 
+def test_nbval_compares_floats_printed_in_full_to_three_decimals(tmp_path):
+    # MXNet's loss on the from-scratch page: 22.641289 on an AMD EPYC, where
+    # it was stored, and 22.64129 on an Intel Xeon.
+    assert nbval_sanitised('((4, 10), array(22.641289))', tmp_path) == \
+        nbval_sanitised('((4, 10), array(22.64129))', tmp_path)
+    for one, other in (('22.641289', '22.642289'), ('0.806', '0.807'),
+                       ('18.1 s/epoch', '18.2 s/epoch'), ('version 2.13.0', 'version 2.13.1')):
+        assert nbval_sanitised(one, tmp_path) != nbval_sanitised(other, tmp_path)
+
+
 def test_the_zip_check_skips_only_notebooks_this_build_ran_in_quick_mode(tmp_path):
     """--skip-evaluated: no notebook runs twice in one environment, stored ones still run."""
     czip = zip_check_module()
