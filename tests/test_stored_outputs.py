@@ -826,9 +826,10 @@ def test_ctrl_c_in_the_middle_of_a_write_stores_the_new_pair_whole(real, capsys)
     run = publish_in_child(book, page, 'pytorch', 'ctrl-c')
     # Ctrl-C takes effect once the notebook and its record are both in place.
     assert run.returncode == -signal.SIGINT, run.stderr[-3000:]
-    assert run.stderr.rstrip().endswith('KeyboardInterrupt')
+    assert run.stderr.rstrip().endswith('KeyboardInterrupt'), run.stderr[-3000:]
     new = files(book, page, 'pytorch')
-    assert new['.ipynb'] != old['.ipynb'] and new['.json'] != old['.json']
+    assert new['.ipynb'] != old['.ipynb'] and new['.json'] != old['.json'], \
+        run.stderr[-3000:]
     assert new['.ipynb'].decode().count('new run') == 8192 * len(
         so.code_cells(nbformat.reads(new['.ipynb'].decode(), as_version=4)))
     state, record, _ = so.read_stored(book, page, 'pytorch')
