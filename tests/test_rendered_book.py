@@ -638,3 +638,17 @@ def test_the_bibliography_labels_each_entry_as_the_text_cites_it(html_dir):
     assert len(cited) >= len(labels) > 0
     differ = {labels[key]: texts for key, texts in cited.items() if {labels.get(key)} != texts}
     assert differ == {}, f'labels that differ from the citations in the text: {differ}'
+
+
+@pytest.mark.parametrize('page_path', section_pages())
+def test_every_output_shows_its_whole_lines_in_its_frame(visit, page_path):
+    """In every tab a long output line (an error message) wraps; none hides
+    its end past the frame's right edge, behind a scroll bar."""
+    v = visit(page_path)
+    for framework in FRAMEWORKS:
+        v.page.locator('.mdl-tabs__tab-bar .mdl-tabs__tab', has_text=framework).first.click()
+        v.page.wait_for_timeout(100)
+        hidden = v.page.evaluate('''() => Array.from(document.querySelectorAll(
+            '.page-content div.output pre')).filter(pre => pre.offsetParent !== null
+            && pre.scrollWidth > pre.clientWidth + 1).map(pre => pre.innerText.slice(0, 60))''')
+        assert hidden == [], f'{page_path} [{framework}] hides the ends of outputs: {hidden}'
