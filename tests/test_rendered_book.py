@@ -288,7 +288,8 @@ def test_tab_bar_switches_the_visible_code_between_frameworks(visit, page_path):
 
 
 def page_layout(page):
-    """Where the page's text, right-hand table of contents and Previous/Next bar sit."""
+    """Where the page's text, right-hand table of contents and Previous/Next bar sit,
+    and the visible outputs whose lines run past their frame's right edge."""
     return page.evaluate('''() => {
         const box = el => {
             if (!el) return null;
@@ -304,12 +305,16 @@ def page_layout(page):
             toc: box(document.querySelector('.side-doc-outline')),
             toc_links: document.querySelectorAll('.side-doc-outline a').length,
             footer: box(document.querySelector('.pagenation')),
+            cut_outputs: Array.from(document.querySelectorAll('.page-content div.output pre'))
+                .filter(pre => pre.offsetParent !== null && pre.scrollWidth > pre.clientWidth + 1)
+                .map(pre => pre.innerText.slice(0, 60)),
         };
     }''')
 
 
 def layout_problems(layout):
-    """What is out of place: the table of contents beside the text, the footer below it."""
+    """What is out of place: the table of contents beside the text, the footer below it,
+    an output line hidden past its frame."""
     text, toc, footer = layout['text'], layout['toc'], layout['footer']
     if not text:
         return ['no .page-content']
@@ -323,6 +328,8 @@ def layout_problems(layout):
         problems.append(f'the Previous/Next bar left the end of the page: {footer}')
     elif footer['top'] < max(text['bottom'], layout['document']['bottom']) - 1:
         problems.append(f'the Previous/Next bar covers the text: {footer} vs {text}')
+    if layout['cut_outputs']:  # a long line (an error message) must wrap
+        problems.append(f'outputs hide their ends past the frame: {layout["cut_outputs"]}')
     return problems
 
 
@@ -362,8 +369,9 @@ def escaped_from_tabs(page, shared):
 
 
 @pytest.mark.parametrize('page_path', book_pages())
-def test_every_page_keeps_its_table_of_contents_and_footer_in_place(visit, page_path):
-    """In every tab: the outline right of the text, the Previous/Next bar after it."""
+def test_every_page_keeps_its_table_of_contents_footer_and_outputs_in_place(visit, page_path):
+    """In every tab: the outline right of the text, the Previous/Next bar after it,
+    every output line inside its frame."""
     v = visit(page_path)
     frameworks = FRAMEWORKS if page_path in section_pages() else (None,)
     for framework in frameworks:
@@ -517,9 +525,12 @@ def test_notebook_downloads_hold_each_frameworks_notebooks(html_dir):
                     assert outputs == [], f'{nb} in {archive.name} still has outputs'
 
 
-def page_text(path):
-    """The text a reader sees on a built page, tags and entities resolved."""
-    body = re.sub(r'<(script|style)\b.*?</\1>', '', path.read_text(errors='replace'), flags=re.S)
+def page_text(path, leave_out=('script', 'style')):
+    """The text a reader sees on a built page, tags and entities resolved,
+    without the contents of the elements named in `leave_out`."""
+    body = path.read_text(errors='replace')
+    for element in leave_out:
+        body = re.sub(rf'<{element}\b.*?</{element}>', '', body, flags=re.S)
     return html_lib.unescape(re.sub(r'<[^>]+>', '', body))
 
 
@@ -591,7 +602,6 @@ def test_the_code_a_reader_retypes_calls_no_private_d2l_helper(html_dir, page_pa
     assert private == [], f'{page_path} shows private helpers: {private}'
 
 
-
 TABLE_CELL = re.compile(r'<t[hd][^>]*>(.*?)</t[hd]>', re.S)
 
 
@@ -613,10 +623,8 @@ def test_every_word_in_a_table_is_a_word_of_its_source(html_dir, page_path):
 def test_no_markup_leaks_into_the_text_as_backticks(html_dir, page_path):
     """A code literal that Pandoc wrapped between its backticks renders as
     `` _SumOverRanks`` in italics instead of as code."""
-    text = (html_dir / page_path).read_text()
-    for element in ('pre', 'code', 'script', 'style', 'textarea'):
-        text = re.sub(rf'<{element}\b.*?</{element}>', '', text, flags=re.S)
-    text = html_lib.unescape(re.sub(r'<[^>]+>', '', text))
+    text = page_text(html_dir / page_path,
+                     leave_out=('script', 'style', 'pre', 'code', 'textarea'))
     leaks = [text[max(0, m.start() - 30):m.end() + 30].replace('\n', ' ')
              for m in re.finditer('`+', text)]
     assert leaks == [], f'{page_path} shows raw backticks: {leaks[:3]}'
@@ -639,16 +647,3 @@ def test_the_bibliography_labels_each_entry_as_the_text_cites_it(html_dir):
     differ = {labels[key]: texts for key, texts in cited.items() if {labels.get(key)} != texts}
     assert differ == {}, f'labels that differ from the citations in the text: {differ}'
 
-
-@pytest.mark.parametrize('page_path', section_pages())
-def test_every_output_shows_its_whole_lines_in_its_frame(visit, page_path):
-    """In every tab a long output line (an error message) wraps; none hides
-    its end past the frame's right edge, behind a scroll bar."""
-    v = visit(page_path)
-    for framework in FRAMEWORKS:
-        v.page.locator('.mdl-tabs__tab-bar .mdl-tabs__tab', has_text=framework).first.click()
-        v.page.wait_for_timeout(100)
-        hidden = v.page.evaluate('''() => Array.from(document.querySelectorAll(
-            '.page-content div.output pre')).filter(pre => pre.offsetParent !== null
-            && pre.scrollWidth > pre.clientWidth + 1).map(pre => pre.innerText.slice(0, 60))''')
-        assert hidden == [], f'{page_path} [{framework}] hides the ends of outputs: {hidden}'
