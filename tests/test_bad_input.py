@@ -24,6 +24,8 @@ import re
 
 import numpy as np
 import pytest
+
+from d2l import runtime
 from hypothesis import given, settings, strategies as st
 
 from conftest import MODULES, tensor
@@ -724,7 +726,7 @@ def test_a_summary_of_no_epochs_is_refused(framework, d2l):
 @pytest.fixture
 def no_data_anywhere(d2l, tmp_path, monkeypatch):
     """No Fashion-MNIST file in any folder the loader searches, and no mirror."""
-    monkeypatch.setattr(d2l, 'FASHION_MNIST_SYSTEM_DIR', str(tmp_path / 'sys'))
+    monkeypatch.setattr(runtime, 'FASHION_MNIST_SYSTEM_DIR', str(tmp_path / 'sys'))
     monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path / 'cache'))
     monkeypatch.setenv('D2L_FASHION_MNIST_MIRROR', 'http://127.0.0.1:9/')
     monkeypatch.delenv('D2L_DATA_DIR', raising=False)
@@ -783,7 +785,7 @@ def test_a_stalled_download_elsewhere_is_given_up_after_the_stated_time(
     name = 't10k-labels-idx1-ubyte'
     target = no_data_anywhere / 'cache' / 'd2l' / 'fashion-mnist'
     target.mkdir(parents=True)
-    monkeypatch.setattr(d2l, 'DOWNLOAD_WAIT_S', 1)
+    monkeypatch.setattr(runtime, 'DOWNLOAD_WAIT_S', 1)
     outcome = []
 
     def load():

@@ -16,6 +16,8 @@ import time
 import numpy as np
 import pytest
 
+from d2l import runtime
+
 from conftest import FRAMEWORKS, MODULES, ROOT, saved_signatures, tensor as conftest_tensor
 
 
@@ -109,8 +111,8 @@ def fixture_data(d2l, monkeypatch, tmp_path):
     says which location won. Returns (env_dir, cache_dir, system_dir).
     """
     contents = {v: idx_labels([v] * 5) for v in (1, 2, 3)}
-    monkeypatch.setattr(d2l, '_FASHION_MNIST_CACHE', {})
-    monkeypatch.setattr(d2l, '_SAID', set())
+    monkeypatch.setattr(runtime, '_FASHION_MNIST_CACHE', {})
+    monkeypatch.setattr(runtime, '_SAID', set())
     monkeypatch.setitem(d2l.FASHION_MNIST_SHA256, LABELS,
                         hashlib.sha256(contents[1]).hexdigest())
     monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path / 'cache'))
@@ -120,7 +122,7 @@ def fixture_data(d2l, monkeypatch, tmp_path):
         folder.mkdir(parents=True)
         (folder / f'{LABELS}.gz').write_bytes(gzip.compress(contents[value]))
     monkeypatch.setenv('D2L_DATA_DIR', str(dirs[0]))
-    monkeypatch.setattr(d2l, 'FASHION_MNIST_SYSTEM_DIR', str(dirs[2]))
+    monkeypatch.setattr(runtime, 'FASHION_MNIST_SYSTEM_DIR', str(dirs[2]))
     # A port nothing listens on: the "internet" refuses at once.
     with socket.socket() as s:
         s.bind(('127.0.0.1', 0))
@@ -384,7 +386,7 @@ def test_a_download_cut_off_midway_names_file_url_and_remedy(
 
 
 def test_ranks_other_than_zero_stay_silent(d2l, quick, monkeypatch, capsys):
-    monkeypatch.setattr(d2l, '_SAID', set())
+    monkeypatch.setattr(runtime, '_SAID', set())
     monkeypatch.setenv('RANK', '1')
     d2l.load_data_fashion_mnist(batch_size=32)
     assert capsys.readouterr().out == ''
@@ -399,7 +401,7 @@ def test_a_full_mode_subset_serves_that_many_images_per_class_and_says_so(
         framework, d2l, monkeypatch, capsys):
     monkeypatch.setenv('D2L_QUICK', '0')
     monkeypatch.setenv('D2L_SUBSET', '30, 20')
-    monkeypatch.setattr(d2l, '_SAID', set())
+    monkeypatch.setattr(runtime, '_SAID', set())
     train_iter, test_iter = d2l.load_data_fashion_mnist(batch_size=100)
     assert ('Fashion-MNIST, full mode on a subset (D2L_SUBSET=30, 20): 300 training '
             'and 200 test images') in capsys.readouterr().out
@@ -434,9 +436,9 @@ def test_appendix_helpers_have_the_same_signature_in_every_framework():
     """A public name saved from the appendix has the same parameters in every flavour."""
     import importlib
     modules = [importlib.import_module(f'd2l.{MODULES[f]}') for f in FRAMEWORKS]
-    seen = [{**saved_signatures(m, 'sec_d2l_package'),
-             **saved_signatures(m, 'sec_fashion_mnist_files'),
-             **saved_signatures(m, 'sec_spawn_machinery')} for m in modules]
+    seen = [{**saved_signatures(m, 'sec_machinery'),
+             **saved_signatures(m, 'sec_machinery'),
+             **saved_signatures(m, 'sec_machinery')} for m in modules]
     expected = {'fashion_mnist_dirs', 'read_idx_file', 'balanced_subset',
                 'fashion_mnist_arrays', 'describe_mode', 'add_to_class'}
     for found in seen:

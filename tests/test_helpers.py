@@ -11,6 +11,8 @@ import time
 import numpy as np
 import pytest
 
+from d2l import runtime
+
 from conftest import FRAMEWORKS, MODULES, ROOT, saved_signatures
 
 
@@ -265,7 +267,7 @@ def collect(framework, data_iter):
 def test_loader_yields_float_images_and_integer_labels(framework, d2l, quick,
                                                        capsys, monkeypatch):
     # As in a fresh process: earlier tests have already heard the mode.
-    monkeypatch.setattr(d2l, '_SAID', set())
+    monkeypatch.setattr(runtime, '_SAID', set())
     train_iter, test_iter = d2l.load_data_fashion_mnist(batch_size=64)
     assert 'quick mode' in capsys.readouterr().out
     X, y = next(iter(train_iter))
@@ -340,7 +342,7 @@ def test_full_mode_trains_the_epochs_asked_for(d2l, monkeypatch):
 
 def test_the_loader_says_its_mode_once_per_process(d2l, quick, monkeypatch,
                                                    capsys):
-    monkeypatch.setattr(d2l, '_SAID', set())
+    monkeypatch.setattr(runtime, '_SAID', set())
     for _ in range(3):
         d2l.load_data_fashion_mnist(batch_size=32)
     assert capsys.readouterr().out.count('quick mode') == 1

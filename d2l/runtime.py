@@ -1,0 +1,1245 @@
+"""The machinery of the d2l package, written once for all three frameworks.
+
+Process start and stop, failure reports, deadlines, the Fashion-MNIST
+files, timing and argument checks: what the book's helpers rely on but
+do not teach. The appendix page "The Machinery of the d2l Package" states
+what it promises. Nothing here imports a deep-learning framework."""
+import contextlib
+import functools
+import gzip
+import hashlib
+import http.client
+import inspect
+import ipaddress
+import logging
+import math
+import multiprocessing.connection
+import multiprocessing.forkserver
+import numbers
+import os
+import pickle
+import queue
+import signal
+import socket
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import traceback
+import urllib.error
+import urllib.request
+
+
+def _is_int(value):
+    """Whether `value` is an integer of any type, NumPy's too, but no bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _check_count(value, name, least=0):
+    """Reject `value` unless it is an integer of at least `least`; name it."""
+    if not _is_int(value) or value < least:
+        kind = {0: 'a non-negative integer', 1: 'a positive integer'}.get(
+            least, f'an integer of at least {least}')
+        raise ValueError(f'{name} must be {kind}, got {value!r}')
+
+
+def _check_positive_int(value, name):
+    """Reject `value` unless it is a positive integer, naming it as `name`."""
+    _check_count(value, name, 1)
+
+
+def _check_gpu_index(i):
+    """Reject a GPU index that is not a non-negative integer, saying so."""
+    if not _is_int(i) or i < 0:
+        raise ValueError(f'GPU index i must be a non-negative integer, got '
+                         f'{i!r}')
+
+
+def _check_num_devices(num_devices, name='num_devices'):
+    """Reject a device count that is not a positive integer, saying so."""
+    if not _is_int(num_devices) or num_devices < 1:
+        raise ValueError(f'{name} must be a positive integer (the number of '
+                         f'model copies), got {num_devices!r}')
+
+
+def _check_rate(value, name, below=None):
+    """Reject a rate that is not a finite number >= 0 (and < `below`)."""
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) \
+        and math.isfinite(value) and value >= 0 and \
+        (below is None or value < below)
+    if not ok:
+        limit = '' if below is None else f' below {below}'
+        raise ValueError(f'{name} must be a finite non-negative number'
+                         f'{limit}, got {value!r}')
+
+
+def _labels_and_predictions(y_hat, y, argmax):
+    """`y_hat` as N predicted labels and `y` as N labels, or a ValueError."""
+    for name, t in (('y_hat', y_hat), ('y', y)):
+        if not hasattr(t, 'shape') or not hasattr(t, 'reshape'):
+            raise TypeError(f'{name} must be a tensor of this framework, got '
+                            f'{type(t).__name__}')
+    y_hat_shape, y_shape = tuple(y_hat.shape), tuple(y.shape)
+    if len(y_hat_shape) == 2 and y_hat_shape[1] > 1:
+        y_hat = argmax(y_hat)
+    elif len(y_hat_shape) == 2 and y_hat_shape[1] == 1:
+        y_hat = y_hat.reshape((-1,))
+    if len(y_shape) == 2 and y_shape[1] == 1:
+        y = y.reshape((-1,))
+    if len(y_hat.shape) != 1 or len(y.shape) != 1 or \
+            y_hat.shape[0] != y.shape[0]:
+        raise ValueError(
+            f'accuracy needs y_hat of shape (N, num_classes) or (N,) and y of '
+            f'shape (N,) for the same N, got y_hat {y_hat_shape} and y '
+            f'{y_shape}')
+    return y_hat, y
+
+
+def _minibatches(data_iter):
+    """An iterator over `data_iter`, or a TypeError that names it."""
+    try:
+        return iter(data_iter)
+    except TypeError:
+        raise TypeError('data_iter must be an iterable of (X, y) minibatches, '
+                        f'got {type(data_iter).__name__}') from None
+
+
+def _fraction_correct(counts, data_iter):
+    """correct / examples of an Accumulator filled from `data_iter`."""
+    # a ValueError if `data_iter` held no examples
+    if counts[1] == 0:
+        raise ValueError('data_iter yielded no examples: pass an iterator '
+                         'over at least one (X, y) minibatch, such as the '
+                         'test iterator of load_data_fashion_mnist')
+    return counts[0] / counts[1]
+
+
+def _check_sgd(params, lr, batch_size):
+    """Reject arguments of `sgd` that would corrupt the parameters; say why."""
+    _check_rate(lr, 'lr')
+    if isinstance(batch_size, bool) or not isinstance(
+            batch_size, numbers.Real) or not 0 < batch_size < math.inf:
+        raise ValueError(f'batch_size must be a positive number (the '
+                         f'examples the loss was summed over), got '
+                         f'{batch_size!r}')
+    params = list(params)
+    for i, param in enumerate(params):
+        if getattr(param, 'grad', None) is None:
+            raise ValueError(
+                f'params[{i}] has no gradient: compute the loss from it and '
+                f'call backward() before sgd (in MXNet, attach_grad() first)')
+    return params
+
+
+def _check_loss(losses, where):
+    """The sum of `losses` as a float; an error naming `where` if infinite."""
+    values = losses if isinstance(losses, (list, tuple)) else [losses]
+    total = sum(float(v.item() if hasattr(v, 'item') else v) for v in values)
+    if not math.isfinite(total):
+        raise FloatingPointError(
+            f'the training loss became {total} at {where}, so training '
+            f'diverged; try a smaller learning rate (or a warm-up), and check '
+            f'that the inputs hold no nan or inf')
+    return total
+
+
+def _points(x, y, curves):
+    """The x and y values of one `Animator.add` call, one per curve."""
+    ys = list(y) if hasattr(y, '__len__') else [y]
+    xs = list(x) if hasattr(x, '__len__') else [x] * len(ys)
+    if len(xs) != len(ys):
+        raise ValueError(f'x has {len(xs)} values but y has {len(ys)}; '
+                         f'give one x, or one x per curve')
+    if curves is not None and len(ys) != len(curves):
+        raise ValueError(f'this animator draws {len(curves)} curves, got '
+                         f'{len(ys)} values in y')
+    return xs, ys
+
+
+def _check_loader_args(batch_size, resize):
+    """The batch size and (height, width) as ints, or an error saying why."""
+    _check_positive_int(batch_size, 'batch_size')
+    if resize is None:
+        return int(batch_size), None
+    size = (resize, resize) if _is_int(resize) else resize
+    if not isinstance(size, (tuple, list)) or len(size) != 2 or \
+            not all(_is_int(s) and s > 0 for s in size):
+        raise ValueError(f'resize must be a positive integer or a (height, '
+                         f'width) pair of them, got {resize!r}')
+    return int(batch_size), tuple(int(s) for s in size)
+
+
+def use_svg_display():
+    """Make Jupyter render matplotlib figures as SVG."""
+    try:
+        from matplotlib_inline import backend_inline
+        backend_inline.set_matplotlib_formats('svg')
+    except ImportError:  # not running under IPython: nothing to configure
+        pass
+
+
+def in_notebook():
+    """Whether the code runs inside a Jupyter kernel that can show figures."""
+    shell = sys.modules.get('IPython')
+    shell = shell.get_ipython() if shell else None
+    return shell is not None and 'IPKernelApp' in shell.config
+
+
+def add_to_class(Class):
+    """Decorator: attach the function below it to `Class` as a method."""
+    def attach(method):
+        setattr(Class, method.__name__, method)
+    return attach
+
+
+def _pin_threads(core):
+    """Keep every thread of this process on core `core`, if the OS lets us."""
+    if not hasattr(os, 'sched_setaffinity'):  # macOS and Windows
+        return False
+    for thread in os.listdir('/proc/self/task'):
+        try:
+            os.sched_setaffinity(int(thread), {core})
+        except OSError:  # a thread that ended meanwhile
+            pass
+    return True
+
+
+def _usable_cores():
+    """The CPU cores this process may run on, in increasing order."""
+    if hasattr(os, 'sched_getaffinity'):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
+
+
+# Of the unpacked IDX bytes, so that any gzip wrapping verifies.
+FASHION_MNIST_SHA256 = {
+    'train-images-idx3-ubyte':
+    'c59f468a2f672dc815687fe0f83887768d799fd8a3f3276145d20f83aa44d888',
+    'train-labels-idx1-ubyte':
+    'bad3541b69d912435c50bb6ba87bec294ff4f6a2e1246121d8633921760443d9',
+    't10k-images-idx3-ubyte':
+    '5b4141f0afbad91edebe8549f8fcffe087ea10ca49f1dbef5c9a5cd8815ce37b',
+    't10k-labels-idx1-ubyte':
+    '0402a96d92fd2663957122ceb108a494c5af83dab82d92729df917d7dec38c34'}
+
+
+FASHION_MNIST_MIRROR = ('http://fashion-mnist.s3-website.eu-central-1'
+                        '.amazonaws.com/')
+
+
+FASHION_MNIST_SYSTEM_DIR = '/usr/share/datasets/fashion-mnist'
+
+
+class DatasetError(RuntimeError):
+    """A dataset file is missing, damaged or cannot be downloaded."""
+
+
+def fashion_mnist_dirs():
+    """Folders searched for Fashion-MNIST, in order, and the download one."""
+    env_dir = os.environ.get('D2L_DATA_DIR', '').strip()
+    env_dir = os.path.abspath(os.path.expanduser(env_dir)) if env_dir else ''
+    cache_root = os.environ.get('XDG_CACHE_HOME', '').strip() or \
+        os.path.join(os.path.expanduser('~'), '.cache')
+    cache_dir = os.path.join(os.path.abspath(cache_root), 'd2l',
+                             'fashion-mnist')
+    search = ([env_dir] if env_dir else []) + [cache_dir,
+                                               FASHION_MNIST_SYSTEM_DIR]
+    return search, env_dir or cache_dir
+
+
+_SAID = set()
+
+
+def _say_once(message, everywhere=False):
+    """Print `message` once per process: on rank 0, or stderr `everywhere`."""
+    # Launchers give every process of a job its rank; a report from each of
+    # eight processes would bury the one that matters.
+    rank = os.environ.get('RANK', os.environ.get('PADDLE_TRAINER_ID', '0'))
+    if message not in _SAID:
+        _SAID.add(message)
+        if everywhere:
+            print(message, file=sys.stderr)
+        elif rank.strip() in ('', '0'):
+            print(message)
+
+
+def _unpack_and_check(path, name, raw):
+    """Unpack `raw` bytes read from `path`, verify them against the hash."""
+    expected = FASHION_MNIST_SHA256[name]
+    try:
+        data = gzip.decompress(raw) if path.endswith('.gz') else raw
+    except (OSError, EOFError) as err:  # bad gzip stream or cut-off file
+        raise DatasetError(
+            f'{path} is not a complete gzip file ({err}). Delete it and run '
+            f'again; its unpacked contents should have SHA-256 {expected}.'
+        ) from None
+    actual = hashlib.sha256(data).hexdigest()
+    if actual != expected:
+        raise DatasetError(
+            f'{path} is corrupt or truncated: its unpacked contents have '
+            f'SHA-256 {actual}, expected {expected}. Delete it and run again.')
+    return data
+
+
+def _find_idx_file(name, search):
+    """Path of the first copy of `name` (packed or not) in `search`; None."""
+    for folder in search:
+        for path in (os.path.join(folder, name + '.gz'),
+                     os.path.join(folder, name)):
+            if os.path.isfile(path):
+                return path
+    return None
+
+
+DOWNLOAD_WAIT_S = 600  # how long to wait for another process's download
+
+
+def _lock_or_wait(file, path):
+    """Lock the open `file` at `path`; wait at most DOWNLOAD_WAIT_S for it."""
+    import fcntl
+    deadline = time.monotonic() + DOWNLOAD_WAIT_S
+    while True:
+        try:
+            fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            pass
+        if time.monotonic() > deadline:
+            file.close()
+            raise DatasetError(
+                f'another process has held {path} for '
+                f'{DOWNLOAD_WAIT_S} s without finishing its download; '
+                f'stop it, or set D2L_DATA_DIR to a folder that holds '
+                f'the four Fashion-MNIST files')
+        _say_once(f'Waiting for another process to download into '
+                  f'{os.path.dirname(path)} (at most '
+                  f'{DOWNLOAD_WAIT_S} s)', everywhere=True)
+        time.sleep(0.2)
+
+
+class _FileLock:
+    """Hold an exclusive lock on `path`; wait at most DOWNLOAD_WAIT_S."""
+    def __init__(self, path):
+        self.path = path
+
+    def __enter__(self):
+        self.file = open(self.path, 'a')
+        try:
+            import fcntl  # noqa: F401 (whether this system has locks)
+        except ImportError:  # Windows: no lock, but renames keep files whole
+            return self
+        _lock_or_wait(self.file, self.path)
+        return self
+
+    def __exit__(self, *exc):
+        # Removing the file while holding it is safe: a process that wakes up
+        # on it looks for the data again before it downloads anything.
+        try:
+            os.remove(self.path)
+        except OSError:
+            pass
+        self.file.close()
+
+
+def _check_download_dir(name, target_dir):
+    """Create `target_dir` for downloading `name`, or say why it cannot be."""
+    try:
+        os.makedirs(target_dir, exist_ok=True)
+        tempfile.TemporaryFile(dir=target_dir).close()  # may we write there?
+    except OSError as err:
+        why = err.strerror or type(err).__name__
+        raise DatasetError(
+            f'Fashion-MNIST file {name} is in none of '
+            f'{", ".join(fashion_mnist_dirs()[0])}, and it cannot be '
+            f'downloaded into {target_dir} ({why}). Set D2L_DATA_DIR to a '
+            f'folder that holds the four files or that you may write to, or '
+            f'install them: sudo apt-get install dataset-fashion-mnist'
+        ) from None
+
+
+def _write_atomically(path, raw):
+    """Write `raw` to `path` by renaming a finished temporary file."""
+    tmp = f'{path}.part-{os.getpid()}'
+    try:
+        with open(tmp, 'wb') as f:
+            f.write(raw)
+        os.replace(tmp, path)  # readers never see a half-written file
+    finally:
+        if os.path.exists(tmp):  # the disk filled up or we were interrupted
+            os.remove(tmp)
+    return path
+
+
+def _download_fashion_mnist(name, target_dir):
+    """Fetch `name`.gz into `target_dir`, verified, written atomically."""
+    url = os.environ.get('D2L_FASHION_MNIST_MIRROR',
+                         FASHION_MNIST_MIRROR).rstrip('/') + f'/{name}.gz'
+    remedies = (
+        f'(1) set D2L_DATA_DIR to a folder holding the four Fashion-MNIST '
+        f'files; (2) install the Debian package: sudo apt-get install '
+        f'dataset-fashion-mnist; (3) connect to the internet so the files '
+        f'can be downloaded into {target_dir}.')
+    try:
+        with urllib.request.urlopen(url, timeout=30) as response:
+            raw = response.read()
+    except (http.client.IncompleteRead, ConnectionError) as err:
+        raise DatasetError(
+            f'The download of Fashion-MNIST file {name} from {url} was cut '
+            f'off ({type(err).__name__}: {err}); nothing was saved. Run '
+            f'again to retry. If it keeps failing: {remedies}') from None
+    except (urllib.error.URLError, http.client.HTTPException, OSError,
+            ValueError) as err:
+        reason = getattr(err, 'reason', err)
+        raise DatasetError(
+            f'Fashion-MNIST file {name} was not found in any of: '
+            f'{", ".join(fashion_mnist_dirs()[0])}; downloading it from {url} '
+            f'failed ({reason}). Fix it in one of three ways: {remedies}'
+        ) from None
+    _unpack_and_check(url, name, raw)
+    return _write_atomically(os.path.join(target_dir, f'{name}.gz'), raw)
+
+
+def read_idx_file(name):
+    """Find, verify and parse one Fashion-MNIST IDX file into a NumPy array."""
+    if name not in FASHION_MNIST_SHA256:
+        raise ValueError(f'name must be one of {sorted(FASHION_MNIST_SHA256)}'
+                         f', got {name!r}')
+    search, target_dir = fashion_mnist_dirs()
+    path = _find_idx_file(name, search)
+    if path is None:
+        _check_download_dir(name, target_dir)
+        with _FileLock(os.path.join(target_dir, f'{name}.gz.lock')):
+            # Another process may have downloaded it while we waited.
+            path = _find_idx_file(name, search) or \
+                _download_fashion_mnist(name, target_dir)
+    with open(path, 'rb') as f:
+        data = _unpack_and_check(path, name, f.read())
+    _say_once(f'Fashion-MNIST files from {os.path.dirname(path)}')
+    # NumPy proper in every framework's module (MXNet's np cannot view bytes).
+    import numpy
+    # IDX header: two zero bytes, a type code (8 = uint8), the number of
+    # dimensions, then one big-endian 32-bit size per dimension.
+    ndim = data[3]
+    shape = tuple(int.from_bytes(data[4 + 4 * i:8 + 4 * i], 'big')
+                  for i in range(ndim))
+    return numpy.frombuffer(data, 'uint8',
+                            offset=4 + 4 * ndim).reshape(shape)
+
+
+def balanced_subset(labels, per_class):
+    """Indices of the first `per_class` examples of each class (file order)."""
+    _check_positive_int(per_class, 'per_class')
+    picks = [(labels == c).nonzero()[0][:per_class].tolist()
+             for c in sorted(set(labels.tolist()))]
+    return sorted(i for pick in picks for i in pick)
+
+
+def subset_per_class():
+    """Images per class {'train': n, 'test': m} from D2L_SUBSET; None: all."""
+    flag = os.environ.get('D2L_SUBSET', '').strip()
+    if not flag:
+        return None
+    sizes = [part.strip() for part in flag.split(',')]
+    if len(sizes) != 2 or not all(n.isdigit() and int(n) > 0 for n in sizes):
+        raise ValueError(f'D2L_SUBSET must be two positive numbers of images '
+                         f'per class, training then test (e.g. 600,200), '
+                         f'got {flag!r}; unset it for the full data')
+    return {'train': int(sizes[0]), 'test': int(sizes[1])}
+
+
+_FASHION_MNIST_CACHE = {}
+
+
+def describe_mode(quick, n_train, n_test):
+    """One line saying which data the loader serves, and how to change it."""
+    if quick:
+        why = ('D2L_QUICK=1' if os.environ.get('D2L_QUICK', '').strip()
+               else 'no GPU found')
+        return (f'Fashion-MNIST, quick mode ({why}; set D2L_QUICK=0 for the '
+                f'full data): {n_train} training and {n_test} test images')
+    subset = os.environ.get('D2L_SUBSET', '').strip()
+    part = f' on a subset (D2L_SUBSET={subset})' if subset else ''
+    return (f'Fashion-MNIST, full mode{part}: {n_train} training and {n_test} '
+            f'test images')
+
+
+_rank_report_dir = None  # set in the processes that spawn_ranks starts
+
+
+def _record_rank_failure(rank):
+    """In a process of spawn_ranks, record the exception handled, if first."""
+    if _rank_report_dir is None:
+        return
+    path = os.path.join(_rank_report_dir, f'rank{rank}.error')
+    if not os.path.exists(path):  # the first error is the cause
+        with open(path + '.part', 'w') as f:
+            f.write(f'{time.time()!r}\n{traceback.format_exc()}')
+        os.replace(path + '.part', path)  # readers never see half a file
+
+
+def _collect_results(out_dir, world_size):
+    """The results that the ranks of spawn_ranks stored, by rank."""
+    results = []
+    for rank in range(world_size):
+        with open(os.path.join(out_dir, f'rank{rank}.pkl'), 'rb') as f:
+            results.append(pickle.load(f))
+    return results
+
+
+def _check_worker(worker, args):
+    """Fail early, in this process, if spawned processes could not import `worker` or unpickle `args`."""
+    if not callable(worker):
+        raise TypeError(f'worker must be a function, got {worker!r}')
+    main = sys.modules.get('__main__')
+    if getattr(worker, '__module__', None) == '__main__' and \
+            not hasattr(main, '__file__'):
+        raise ValueError(
+            f'worker {worker.__name__} is defined in this notebook or '
+            f'interpreter session, which new processes cannot import: save it '
+            f'in a module (as the book saves its workers in d2l) and pass that')
+    _check_main_guard(main)
+    for name, value in (('worker', worker), ('args', args)):
+        try:
+            pickle.dumps(value)
+        except Exception as err:
+            raise ValueError(
+                f'{name} cannot be sent to new processes ({err}); use a '
+                f'function defined at the top level of a module and '
+                f'arguments that pickle') from None
+
+
+def _check_main_guard(main):
+    """Fail early if a script starts ranks at its top level, unguarded."""
+    path, frame = getattr(main, '__file__', None), sys._getframe(2)
+    while frame is not None and frame.f_globals is not vars(main):
+        frame = frame.f_back  # the script's own frame, if it called us
+    if path is None or frame is None or frame.f_code.co_name != '<module>':
+        return
+    with open(path, errors='replace') as f:
+        if '__main__' in f.read():
+            return
+    raise RuntimeError(
+        f'{path} starts processes at its top level, and every new process '
+        f'imports that script again: put the code that starts them under '
+        f"`if __name__ == '__main__':`")
+
+
+@contextlib.contextmanager
+def _quiet_logger(name):
+    """Hide the informational and warning records of logger `name` in the body of a `with` block."""
+    logger = logging.getLogger(name)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def _fork_server():
+    """'forkserver', with d2l imported in the server that forks each rank."""
+    multiprocessing.set_forkserver_preload([__name__])  # this module
+    try:
+        multiprocessing.forkserver.ensure_running()
+    except OSError:  # its socket's path, under TMPDIR, is over 107 bytes
+        return 'spawn'
+    return 'forkserver'
+
+
+def _take_environment(env, keep=()):
+    """Make `env` this process's environment, keeping the names in `keep`."""
+    kept = {name: os.environ[name] for name in keep if name in os.environ}
+    os.environ.clear()
+    os.environ.update(env, **kept)
+
+
+def _die_with_parent(parent_pid):
+    """Die when the fork server does; exit now if `parent_pid` is gone."""
+    # The server ends with the process that started it, parent_pid.
+    server = os.getppid()
+    if sys.platform.startswith('linux'):
+        import ctypes
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+    try:
+        os.kill(parent_pid, 0)  # signal 0 only asks whether it exists
+    except ProcessLookupError:
+        os._exit(1)
+    if os.getppid() != server:  # the server ended before we asked
+        os._exit(1)
+
+
+def _start_rank(rank, out_dir, parent_pid, env, keep=()):
+    """Prepare a new process: take `env`, log to out_dir, die with parent."""
+    global _rank_report_dir
+    _rank_report_dir = out_dir
+    _take_environment(env, keep)
+    log = os.open(os.path.join(out_dir, f'rank{rank}.log'),
+                  os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    for stream in (1, 2):  # C++ log lines and dumps bypass sys.stdout/stderr
+        os.dup2(log, stream)
+    os.close(log)
+    _die_with_parent(parent_pid)
+    beat = os.path.join(out_dir, f'rank{rank}.alive')
+    open(beat, 'w').close()
+    threading.Thread(target=_heartbeat, args=(beat,), daemon=True).start()
+
+
+def _finish_rank(rank, out_dir, result):
+    """Store the result of a worker where spawn_ranks collects it."""
+    with open(os.path.join(out_dir, f'rank{rank}.pkl.part'), 'wb') as f:
+        pickle.dump(result, f)
+    os.replace(os.path.join(out_dir, f'rank{rank}.pkl.part'),
+               os.path.join(out_dir, f'rank{rank}.pkl'))
+
+
+def _rank_failure(out_dir, world_size, exit_codes):
+    """The error to raise for a failed group, given the ranks' exit codes."""
+    killed = [rank for rank, code in enumerate(exit_codes)
+              if code is not None and code < 0 and -code != signal.SIGABRT]
+    written = []
+    for rank in range(world_size):
+        path = os.path.join(out_dir, f'rank{rank}.error')
+        if os.path.exists(path):
+            with open(path) as f:
+                when, trace = f.read().split('\n', 1)
+            written.append((float(when), rank, trace))
+    if written and not killed:
+        _, rank, trace = min(written)
+        return RuntimeError(f'rank {rank} of {world_size} failed:\n{trace}')
+    rank = killed[0] if killed else next(
+        r for r, code in enumerate(exit_codes) if code not in (None, 0))
+    code = exit_codes[rank]
+    how = (f'signal {signal.Signals(-code).name}' if code < 0
+           else f'exit code {code}')
+    message = (f'rank {rank} of {world_size} died ({how}) without a Python '
+               f'error')
+    log = os.path.join(out_dir, f'rank{rank}.log')
+    if os.path.exists(log):
+        with open(log, errors='replace') as f:
+            tail = f.read()[-3000:]
+        message += f'.\nThe end of its output:\n{tail}'
+    return RuntimeError(message)
+
+
+def _stop_processes(processes, grace_s=3.0):
+    """Terminate running processes, kill those that ignore it, reap all."""
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+    deadline = time.monotonic() + grace_s
+    for process in processes:
+        process.join(max(0.0, deadline - time.monotonic()))
+        if process.is_alive():
+            process.kill()
+            process.join()
+
+
+def _join_ranks(context, out_dir, world_size, silence_s, servers=()):
+    """Wait for the processes of spawn_ranks; stop them all if one fails."""
+    # or if a rank falls silent, or on an interrupt or SIGTERM
+    def on_sigterm(signum, frame):
+        raise SystemExit(128 + signum)  # unwinds through the clean-up below
+
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = in_main_thread and signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        codes = _wait_for_ranks(context.processes, out_dir, silence_s,
+                                servers)
+    finally:  # KeyboardInterrupt, SystemExit from SIGTERM, a silent rank
+        _stop_processes([*context.processes, *servers])
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, previous)
+    if codes is not None:
+        raise _rank_failure(out_dir, world_size, codes) from None
+
+
+def _heartbeat(path):
+    """Touch the file at `path` every second, as a sign of life for spawn_ranks."""
+    while True:
+        os.utime(path)
+        time.sleep(1.0)
+
+
+def _wait_for_ranks(processes, out_dir, silence_s, servers=()):
+    """Wait until all ranks end well (None) or one fails (their exit codes); raise if one falls silent or a server ends."""
+    seen, checked = {}, time.monotonic()  # rank: (heartbeat, when it changed)
+    while True:
+        codes = [process.exitcode for process in processes]
+        if all(code == 0 for code in codes):
+            return None
+        for server in servers:  # MXNet's: they end well after the workers
+            if server.exitcode not in (None, 0):
+                raise RuntimeError(
+                    f'a parameter-server process ended (exit code '
+                    f'{server.exitcode}) while the workers still ran')
+        if any(code not in (None, 0) for code in codes):
+            # A peer's death may show seconds after the error it caused: a
+            # killed process with many threads ends slowly on a busy machine.
+            deadline = time.monotonic() + 5
+            running = [p.sentinel for p in processes if p.exitcode is None]
+            while running and time.monotonic() < deadline:
+                multiprocessing.connection.wait(
+                    running, deadline - time.monotonic())
+                running = [p.sentinel for p in processes
+                           if p.exitcode is None]
+            return [process.exitcode for process in processes]
+        now = time.monotonic()
+        if now - checked > 5:  # this process was stopped or suspended too
+            seen = {}
+        checked = now
+        for rank, code in enumerate(codes):
+            path = os.path.join(out_dir, f'rank{rank}.alive')
+            if code is not None or not os.path.exists(path):
+                continue  # ended well, or not started yet
+            beat = os.stat(path).st_mtime_ns
+            if seen.get(rank, (None,))[0] != beat:
+                seen[rank] = (beat, now)
+            elif silence_s and now - seen[rank][1] > silence_s:
+                raise RuntimeError(
+                    f'rank {rank} of {len(processes)} showed no sign of life '
+                    f'for {silence_s:g} s (stopped, or hung holding Python\'s '
+                    f'lock), so all ranks were stopped; if it needs longer, '
+                    f'pass a larger silence_s to spawn_ranks')
+        multiprocessing.connection.wait(
+            [p.sentinel for p in [*processes, *servers]], 0.2)
+
+
+_RULES = dict(  # rule name -> check of one argument, given value and name
+    positive=lambda value, name: _check_positive_int(value, name),
+    count=lambda value, name: _check_count(value, name),
+    rate=lambda value, name: _check_rate(value, name),
+    momentum=lambda value, name: _check_rate(value, name, below=1),
+    devices=lambda value, name: _check_devices(value),
+    devices_or_none=lambda value, name: value is None or
+    _check_devices(value),
+    seed=lambda value, name: _check_seed(value),
+    arrays=lambda value, name: _check_arrays(value, name))
+
+
+def _nonempty(data_iter, name):
+    """Iterate over `data_iter`; fail at its end if it gave no example."""
+    num_examples = 0
+    for batch in data_iter:
+        num_examples += len(batch[1])
+        yield batch
+    _check_examples(num_examples, name)
+
+
+def _checked(fn, check=None, batches=(), finite=False, **rules):
+    """`fn`, checking its arguments by `rules` and `check` on every call."""
+    # check: called with the arguments its parameters name; batches: names
+    # of iterables of minibatches; finite: the returned loss (or the first
+    # item returned) must be finite
+    signature = inspect.signature(fn)
+    names = [] if check is None else list(inspect.signature(check).parameters)
+
+    @functools.wraps(fn)
+    def checked(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        values = bound.arguments
+        for name, rule in rules.items():
+            _RULES[rule](values[name], name)
+        if check is not None:
+            check(**{name: values[name] for name in names if name in values})
+        for name in batches:
+            _check_batches(values[name], name)
+            values[name] = _nonempty(values[name], name)
+        result = fn(*bound.args, **bound.kwargs)
+        if finite and result is not None:
+            epoch = values.get('epoch')
+            where = f'the end of {fn.__name__}' + (
+                '' if epoch is None else f' in epoch {epoch + 1}')
+            _check_loss(result[0] if isinstance(result, tuple)
+                            else result, where)
+        return result
+    return checked
+
+
+def _require(ok, message):
+    """Raise ValueError with `message` (what to pass instead) unless `ok`."""
+    if not ok:
+        raise ValueError(message)
+
+
+def _is_count(value, least=0):
+    """Whether `value` is an integer (not a bool) of at least `least`."""
+    return _is_int(value) and value >= least
+
+
+def _check_seed(seed):
+    """Raise ValueError, saying what to pass, unless `seed` is a non-negative integer."""
+    _require(_is_count(seed), f'seed must be a non-negative integer such as 0; got {seed!r}')
+
+
+def _check_scores_and_labels(y_hat, y):
+    """Raise ValueError, saying what to pass, unless `y` holds one class per row of `y_hat`."""
+    _require(len(y_hat.shape) == 2, 'y_hat must hold one row of class scores per '
+             f'example, shape (examples, classes); got {tuple(y_hat.shape)}')
+    n, num_classes = y_hat.shape
+    _require(tuple(y.shape) in ((n,), (n, 1)), 'y must hold one label per row of '
+             f'y_hat, shape ({n},); got shape {tuple(y.shape)}')
+    # MXNet clips labels out of range, Paddle reads negative ones from the end
+    low, high = (int(y.min()), int(y.max())) if n else (0, 0)
+    _require(0 <= low and high < num_classes, f'y holds labels from {low} to '
+             f'{high}, but y_hat scores classes 0 to {num_classes - 1}; pass '
+             'labels in that range')
+
+
+def _check_arrays(arrays, name):
+    """Raise ValueError, saying what to pass, unless `arrays` is a non-empty list of arrays."""
+    _require(isinstance(arrays, (list, tuple)) and arrays, f'{name} must be a '
+             f'non-empty list of arrays; got {arrays!r:.60}')
+    for i, x in enumerate(arrays):
+        _require(hasattr(x, 'shape'), f'{name}[{i}] is {x!r:.40}, not an array '
+                 '(a gradient is None until a backward pass ran)')
+
+
+def _check_reduce_args(data, devices):
+    """Raise ValueError, saying what to pass, unless `data` and `devices` suit an allreduce."""
+    _check_arrays(data, 'data')
+    shapes = [tuple(x.shape) for x in data]
+    _require(all(shape == shapes[0] for shape in shapes), f'data holds arrays of '
+             f'different shapes {shapes}; pass the same-shaped arrays of one '
+             'parameter, one per device')
+    _require(devices is None or (isinstance(devices, (list, tuple)) and len(
+        devices) == len(data)), 'devices must be a list with one device per '
+        f'array of data ({len(data)}), or None; got {devices!r:.60}')
+
+
+def _check_split(X, y, devices):
+    """Raise ValueError, saying what to change, if a batch cannot be split over the devices."""
+    for name, a in (('X', X), ('y', y)):
+        _require(len(getattr(a, 'shape', ())), f'{name} must be an array with '
+                 f'one row per example; got {a!r:.60}')
+    _require(isinstance(devices, (list, tuple)), 'devices must be a list of '
+             f'devices such as d2l.try_gpus(2); got {devices!r:.60}')
+    n, k = X.shape[0], len(devices)
+    _require(n == y.shape[0], f'X holds {n} examples but y holds {y.shape[0]} '
+             'labels; pass one label per example')
+    _require(k >= 1, 'devices is empty; pass at least one device, e.g. d2l.try_gpus(1)')
+    _require(n >= k, f'cannot split {n} examples over {k} devices, each needs at '
+             f'least one; use a batch of at least {k} examples or fewer devices')
+
+
+def _check_replicas(device_params, devices):
+    """Raise ValueError, saying what to pass, unless there is one replica per device."""
+    for name, value in (('device_params', device_params), ('devices', devices)):
+        _require(isinstance(value, (list, tuple)), f'{name} must be a list, one '
+                 f'entry per device; got {value!r:.60}')
+    _require(len(device_params) == len(devices), f'device_params holds '
+             f'{len(device_params)} replicas but devices names {len(devices)} '
+             'devices; build one replica per device with get_params')
+
+
+def _check_resnet_args(num_classes, in_channels):
+    """Reject a class or channel count that is not a positive integer, saying which."""
+    for name, value in (('num_classes', num_classes), ('in_channels', in_channels)):
+        _require(_is_count(value, 1),
+                     f'{name} must be a positive integer, got {value!r}')
+
+
+def _check_devices(devices):
+    """Reject an empty device list, saying how to get one."""
+    _require(devices, f'devices is empty ({devices!r}); pass at least one '
+                 'device, e.g. d2l.try_gpus(1)')
+
+
+def _check_batches(data_iter, name):
+    """Say that argument `name` is no iterable, unless it is one."""
+    if not hasattr(data_iter, '__iter__'):
+        raise TypeError(f'{name} must be an iterable of (X, y) minibatches, '
+                        f'got {type(data_iter).__name__}')
+
+
+def _check_examples(num_examples, name):
+    """Reject an iterator `name` that yielded no examples."""
+    _require(num_examples != 0, f'{name} yielded no examples; pass an '
+                 'iterator with at least one non-empty minibatch')
+
+
+def _check_step(X, y, devices):
+    """Reject a minibatch or device list that a training step cannot use."""
+    _check_devices(devices)
+    _require(X.shape[0] == y.shape[0], f'X holds {X.shape[0]} examples but '
+                 f'y holds {y.shape[0]} labels; pass one label per example')
+    _require(X.shape[0] > 0, 'X is an empty minibatch; pass at least one example')
+
+
+def _check_model(net, kind, kind_name):
+    """Reject `net` unless it is a model of class `kind`, saying what to pass."""
+    if not isinstance(net, kind):
+        raise TypeError(f'net must be a model ({kind_name}), got '
+                        f'{type(net).__name__}; pass e.g. d2l.resnet18(10)')
+
+
+def _check_warmup(warmup, num_epochs):
+    """Reject a warm-up that is not shorter than the run, saying so."""
+    _require(warmup < num_epochs, f'warmup must be below num_epochs, '
+                 f'got warmup={warmup!r}, num_epochs={num_epochs!r}')
+
+
+def _check_epoch(epoch, num_epochs):
+    """Reject an epoch outside [0, num_epochs), or a bad num_epochs, saying so."""
+    _require(_is_count(num_epochs, 1) and _is_count(epoch)
+                 and epoch < num_epochs, f'epoch must be an integer in '
+                 f'[0, num_epochs) and num_epochs a positive integer, got '
+                 f'epoch={epoch!r}, num_epochs={num_epochs!r}')
+
+
+def _check_rank(rank, world_size, what='rank'):
+    """Reject a world size below 1 or a rank outside 0..world_size-1, naming the culprit."""
+    size = what.replace('rank', 'world_size')  # local_rank: local_world_size
+    for name, value in ((size, world_size), (what, rank)):
+        if not _is_int(value):
+            raise ValueError(f'{name} must be an integer, got {value!r}')
+    if world_size < 1:
+        raise ValueError(f'{size} must be at least 1, got {world_size}')
+    if not 0 <= rank < world_size:
+        raise ValueError(f'{what} must lie in 0..{world_size - 1} for a '
+                         f'{size} of {world_size}, got {rank}')
+
+
+def _int_from_env(name, least, default=None):
+    """The integer in environment variable `name`, at least `least`; `default` if unset."""
+    text = os.environ.get(name)
+    if text is None:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or value < least:
+        raise ValueError(
+            f'environment variable {name}={text!r} must be an integer of at '
+            f'least {least}: unset it and start the script with the '
+            f"framework's launcher, which sets it")
+    return value
+
+
+def _check_timeout(timeout_s, name='timeout_s'):
+    """Accept None or a positive number of seconds for a process group's timeout."""
+    if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(
+            timeout_s, (int, float)) or not 0 < timeout_s < float('inf')):
+        raise ValueError(f'{name} must be a positive number of seconds or '
+                         f'None, got {timeout_s!r}')
+
+
+_launcher_timeout_s = None  # a launcher script's --timeout: launcher_deadline
+
+
+def _loopback_interface():
+    """Name of the network interface that carries this machine's loopback address."""
+    return 'lo0' if sys.platform == 'darwin' else 'lo'
+
+
+@contextlib.contextmanager
+def _environment(values, **more):
+    """Set environment variables for the body of a `with` block, then restore them."""
+    values = {**values, **more}
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _is_loopback(host):
+    """Whether `host` names an address of this machine's loopback interface."""
+    try:
+        return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
+    except (OSError, TypeError, ValueError):  # no such host, or no host
+        return False
+
+
+_WATCHDOG = (  # the program of launcher_deadline's watchdog process
+    'import os, select, signal, sys\n'
+    'pid, seconds = int(sys.argv[1]), float(sys.argv[2])\n'
+    'if not select.select([sys.stdin], [], [], seconds)[0]:  # no EOF\n'
+    '    print(sys.argv[3], file=sys.stderr, flush=True)\n'
+    '    os.kill(pid, signal.SIGKILL)\n')
+
+
+def ddp_script_path(framework=None):
+    """Path of the book's launcher script for 'torch', 'mxnet', 'paddle'."""
+    # framework=None: the script of this module's framework
+    names = {'torch': 'ddp_train.py', 'mxnet': 'ddp_train_mxnet.py',
+             'paddle': 'ddp_train_paddle.py'}
+    if framework is None:
+        framework = __name__.rsplit('.', 1)[-1]  # d2l.torch, for example
+    if framework not in names:
+        raise ValueError(f"framework must be 'torch', 'mxnet' or "
+                         f"'paddle', got {framework!r}")
+    name = names[framework]
+    # Next to d2l/ in the repository, or beside a downloaded notebook.
+    book_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    places = [os.path.join(book_root, 'chapter_multi_gpu', name),
+              os.path.join(os.getcwd(), name),
+              os.path.join(os.getcwd(), 'chapter_multi_gpu', name)]
+    for place in places:
+        if os.path.isfile(place):
+            return place
+    raise FileNotFoundError(f'{name} is in none of ' + ', '.join(places) +
+                            ": run from the book's root or notebook folder")
+
+
+def _needs(stage, op, i, num_stages):
+    """The steps that must run before step (stage, op, i)."""
+    if op == 'F':
+        return [(stage - 1, 'F', i)] if stage > 0 else []
+    after = [(stage + 1, 'B', i)] if stage < num_stages - 1 else []
+    return [(stage, 'F', i)] + after
+
+
+def _interleave(orders):
+    """The stages' orders as one list, each stage stepping when it can."""
+    done, schedule, p = set(), [], len(orders)
+    while any(orders):
+        ready = [(s, *order[0]) for s, order in enumerate(orders)
+                 if order and all(n in done for n in _needs(s, *order[0], p))]
+        if not ready:
+            raise ValueError('the stages wait on each other')
+        for step in ready:
+            orders[step[0]].pop(0)
+        done.update(ready)
+        schedule += ready
+    return schedule
+
+
+def _check_stage_number(stage, num_stages):
+    """Refuse a stage outside 0..num_stages-1, naming both."""
+    if not (_is_int(stage) and _is_int(num_stages)
+            and 0 <= stage < num_stages):
+        raise ValueError(f'stage must lie in 0..num_stages-1, got stage='
+                         f'{stage!r} and num_stages={num_stages!r}')
+
+
+def _queue_link(num_stages, num_microbatches, timeout_s, failed):
+    """send and recv between stage threads: a queue per message."""
+    boxes = {(s, op, i): queue.Queue() for s in range(num_stages)
+             for op in 'FB' for i in range(num_microbatches)}
+    send = lambda stage, op, i, x: boxes[stage, op, i].put(x)
+    def recv(source, op, i):
+        me = source + 1 if op == 'F' else source - 1
+        deadline = time.monotonic() + timeout_s
+        while not failed.is_set() and time.monotonic() < deadline:
+            try:
+                return boxes[me, op, i].get(timeout=0.05)
+            except queue.Empty:
+                pass
+        raise TimeoutError(f'stage {me} waited for {op} of micro-batch {i} '
+                           f'from stage {source}: ' + ('another stage failed'
+                           if failed.is_set() else f'over {timeout_s:g} s'))
+    return send, recv
+
+
+def _merge(records):
+    """One run's record from its stages' records."""
+    return {'times': sorted(t for r in records for t in r['times']),
+            'peak_bytes': [r['peak_bytes'] for r in records],
+            'loss': records[-1]['loss']}
+
+
+def _shard_axes(net):
+    """For each parameter of `net`, the axis its slices are cut along."""
+    return [axis for i in range(len(net))
+            for axis in getattr(net[i], 'shard_axes', ())]
+
+
+def _check_row_input(got, expected, k):
+    """Raise unless a row-parallel layer's input has its slice's columns."""
+    if got != expected:
+        raise ValueError(
+            f"RowParallelLinear expects this rank's {expected} hidden units, "
+            f'got {got}: feed it the output of a ColumnParallelLinear over '
+            f'the same {k} ranks')
+
+
+def _check_mlp_sizes(d, hidden, seed):
+    """Reject sizes below 1 and seeds below 0, naming the argument."""
+    for name, value, least in (('d', d, 1), ('hidden', hidden, 1),
+                               ('seed', seed, 0)):
+        _check_count(value, name, least)
+
+
+def _check_mesh(dp, tp, world_size):
+    """Reject a mesh whose dp x tp ranks are not the world's."""
+    if dp * tp != world_size:
+        raise ValueError(f'dp x tp must equal the {world_size} ranks of the '
+                         f'world, got dp={dp} and tp={tp}')
+
+
+def _check_number(name, value, positive=False):
+    """Reject a value that is not a finite number >= 0 (> 0 if `positive`)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) \
+            or not math.isfinite(value) or value < 0 \
+            or (positive and value == 0):
+        raise ValueError(f'{name} must be a finite number '
+                         f'{"> 0" if positive else ">= 0"}, got {value!r}')
+
+
+def _check_int(name, value, low, why=''):
+    """Reject a value that is not an int >= `low`, naming it."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) \
+            or value < low:
+        raise ValueError(f'{name} must be an int >= {low}{why}, got {value!r}')
+
+
+def _check_cost_args(num_bytes, k, alpha, beta):
+    """Reject negative or infinite sizes or times, and k below 1."""
+    for name, value in (('num_bytes', num_bytes), ('alpha', alpha),
+                        ('beta', beta)):
+        _check_number(name, value)
+    _check_int('k (the number of processes)', k, 1)
+
+
+def _check_world_of_two(world_size):
+    """Reject a world size below 2: one process has nothing to allreduce."""
+    _check_int('world_size', world_size, 2, ' (one process sends nothing)')
+
+
+def _check_timings(num_bytes, seconds, k):
+    """Reject timings that fit_alpha_beta cannot fit a line to, saying why."""
+    _check_int('k', k, 2, ' (one process sends nothing)')
+    if len(num_bytes) != len(seconds) or len(set(num_bytes)) < 2:
+        raise ValueError('num_bytes and seconds must have the same length, '
+                         'and num_bytes needs at least two different sizes '
+                         f'to fit a line; got {num_bytes!r} and {seconds!r}')
+    for name, values in (('num_bytes', num_bytes), ('seconds', seconds)):
+        for v in values:
+            _check_number(name, v, positive=True)
+
+
+def _check_step_args(t_compute, cores, threads, accumulate, overlap):
+    """Reject non-positive arguments of predict_step_time, or an overlap
+    outside [0, 1]."""
+    _check_number('t_compute', t_compute, positive=True)
+    for name, value in (('threads', threads), ('accumulate', accumulate),
+                        ('cores', 1 if cores is None else cores)):
+        _check_int(name, value, 1)
+    _check_number('overlap (the hidden fraction of the allreduce)', overlap)
+    if overlap > 1:
+        raise ValueError(f'overlap must be at most 1, got {overlap!r}')
+
+
+def _check_sizes(sizes, reps):
+    """Reject an empty or non-positive list of byte sizes, or reps below 1."""
+    sizes = list(sizes) or [None]
+    for n in sizes:
+        _check_int('sizes (a non-empty list of bytes of float32)', n, 4)
+    _check_int('reps', reps, 1)
+    return sizes
+
+
+def _alternating_rounds(jobs, reps, wait=lambda: None, sync=lambda: None):
+    """Seconds of each function in `jobs` in `reps` alternating rounds."""
+    seconds = [[0.0] * len(jobs) for _ in range(reps)]
+    for r in range(reps):
+        order = range(len(jobs)) if r % 2 == 0 else range(len(jobs))[::-1]
+        for i in order:
+            wait()  # all processes start each timing together
+            began = time.perf_counter()
+            jobs[i]()
+            sync()  # a GPU's work ends when it is done, not when it is queued
+            seconds[r][i] = time.perf_counter() - began
+    return seconds
+
+
+def _slowest_medians(per_process):
+    """Per job, the median over rounds of the slowest process's seconds."""
+    # rounds: each process's result of _alternating_rounds
+    rounds = [[max(col) for col in zip(*rows)] for rows in zip(*per_process)]
+    return [statistics.median(col) for col in zip(*rounds)]
+
+
+def _check_ps_args(num_bytes, k, alpha, beta, servers):
+    """The checks of ps_pushpull_time."""
+    _check_cost_args(num_bytes, k, alpha, beta)
+    _check_int('servers', servers, 1)
+
+
+def _check_ps_fit(k, servers):
+    """The checks of fit_ps_alpha_beta."""
+    _check_int('k (the number of workers)', k, 1)
+    _check_int('servers', servers, 1)
+
+
+def _check_buckets(num_bytes, bucket_cap_mb, first_bucket_mb):
+    """The checks of ddp_buckets."""
+    _check_cost_args(num_bytes, 1, 0, 0)
+    _check_number('bucket_cap_mb', bucket_cap_mb, positive=True)
+    _check_number('first_bucket_mb', first_bucket_mb, positive=True)
+
+
+def _check_step_prediction(t_compute, num_bytes, k, alpha, beta, cores,
+                           threads, accumulate, overlap):
+    """The checks of predict_step_time."""
+    _check_cost_args(num_bytes, k, alpha, beta)
+    _check_step_args(t_compute, cores, threads, accumulate, overlap)
+
+
+def _check_pipeline_prediction(t_stage, num_stages, num_microbatches,
+                               message_bytes, alpha, beta):
+    """The checks of predict_pipeline_time."""
+    _check_int('num_stages', num_stages, 1)
+    _check_cost_args(message_bytes, num_stages, alpha, beta)
+    _check_number('t_stage', t_stage, positive=True)
+    _check_int('num_microbatches', num_microbatches, 1)
+
+
+def _check_tensor_prediction(t_compute, k, activation_bytes, alpha, beta,
+                             blocks):
+    """The checks of predict_tensor_time."""
+    _check_cost_args(activation_bytes, k, alpha, beta)
+    _check_number('t_compute', t_compute, positive=True)
+    _check_int('blocks', blocks, 1)
+
+
+def _check_tensor_timing(k, d, hidden, batch_size, num_steps, reps):
+    """The checks of time_tensor_parallel."""
+    _check_int('k', k, 2, ' (one process splits nothing)')
+    _check_int('hidden', hidden, k, ' (a hidden unit per process)')
+    _check_mlp_sizes(d, hidden, 0)
+    _check_int('batch_size', batch_size, 1)
+    _check_sizes([4], reps)
+    _check_int('num_steps', num_steps, 1)
+
+
+# Quick mode's data: the first images of each class of each split.
+QUICK_PER_CLASS = {'train': 10, 'test': 10}
+
+
+def fashion_mnist_arrays(split, quick):
+    """`split`'s images (float32, N x 1 x 28 x 28, in [0, 1]), int64 labels."""
+    if split not in ('train', 'test'):
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+    if split not in _FASHION_MNIST_CACHE:
+        prefix = 'train' if split == 'train' else 't10k'
+        images = read_idx_file(f'{prefix}-images-idx3-ubyte')
+        labels = read_idx_file(f'{prefix}-labels-idx1-ubyte')
+        _FASHION_MNIST_CACHE[split] = images, labels
+    images, labels = _FASHION_MNIST_CACHE[split]
+    per_class = QUICK_PER_CLASS if quick else subset_per_class()
+    fewest = min(int((labels == c).sum()) for c in range(10)) \
+        if per_class and not quick else None
+    if fewest is not None and per_class[split] > fewest:
+        raise ValueError(
+            f'D2L_SUBSET asks for {per_class[split]} {split} images per '
+            f'class, but the {split} split has {fewest}; ask for at most '
+            f'that many, or unset D2L_SUBSET for all of them')
+    if per_class:
+        keep = balanced_subset(labels, per_class[split])
+        images, labels = images[keep], labels[keep]
+    images = images.reshape(-1, 1, 28, 28).astype('float32') / 255
+    return images, labels.astype('int64')
+
+
+
+
+__all__ = ['QUICK_PER_CLASS', 'fashion_mnist_arrays', '_is_int', '_check_count', '_check_positive_int', '_check_gpu_index', '_check_num_devices', '_check_rate', '_labels_and_predictions', '_minibatches', '_fraction_correct', '_check_sgd', '_check_loss', '_points', '_check_loader_args', 'use_svg_display', 'in_notebook', 'add_to_class', '_pin_threads', '_usable_cores', 'FASHION_MNIST_SHA256', 'FASHION_MNIST_MIRROR', 'FASHION_MNIST_SYSTEM_DIR', 'DatasetError', 'fashion_mnist_dirs', '_SAID', '_say_once', '_unpack_and_check', '_find_idx_file', 'DOWNLOAD_WAIT_S', '_lock_or_wait', '_FileLock', '_check_download_dir', '_write_atomically', '_download_fashion_mnist', 'read_idx_file', 'balanced_subset', 'subset_per_class', '_FASHION_MNIST_CACHE', 'describe_mode', '_rank_report_dir', '_record_rank_failure', '_collect_results', '_check_worker', '_check_main_guard', '_quiet_logger', '_fork_server', '_take_environment', '_die_with_parent', '_start_rank', '_finish_rank', '_rank_failure', '_stop_processes', '_join_ranks', '_heartbeat', '_wait_for_ranks', '_RULES', '_nonempty', '_checked', '_require', '_is_count', '_check_seed', '_check_scores_and_labels', '_check_arrays', '_check_reduce_args', '_check_split', '_check_replicas', '_check_resnet_args', '_check_devices', '_check_batches', '_check_examples', '_check_step', '_check_model', '_check_warmup', '_check_epoch', '_check_rank', '_int_from_env', '_check_timeout', '_launcher_timeout_s', '_loopback_interface', '_environment', '_is_loopback', '_WATCHDOG', 'ddp_script_path', '_needs', '_interleave', '_check_stage_number', '_queue_link', '_merge', '_shard_axes', '_check_row_input', '_check_mlp_sizes', '_check_mesh', '_check_number', '_check_int', '_check_cost_args', '_check_world_of_two', '_check_timings', '_check_step_args', '_check_sizes', '_alternating_rounds', '_slowest_medians', '_check_ps_args', '_check_ps_fit', '_check_buckets', '_check_step_prediction', '_check_pipeline_prediction', '_check_tensor_prediction', '_check_tensor_timing']
