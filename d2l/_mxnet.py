@@ -38,7 +38,7 @@ def _device_names(devices, num_asked):
         raise ValueError('devices must be a non-empty list of devices, such '
                          f'as d2l.try_gpus(2), got {devices!r}')
     if num_asked is not None:
-        _check_num_devices(num_asked, 'num_asked')
+        check_num_devices(num_asked, 'num_asked')
     named = []
     for i, device in enumerate(devices):
         try:
@@ -114,34 +114,34 @@ def _serve(role, env, log_path, parent_pid):
     os.execv(sys.executable, [sys.executable, '-c', 'import mxnet'])
 
 
-def _check_lenet_args(X, params):
+def check_lenet_args(X, params):
     """Raise ValueError, saying what to pass, unless `X` and `params` fit LeNet."""
     shape = tuple(X.shape) if hasattr(X, 'shape') else type(X).__name__
-    _require(shape[1:] == (1, 28, 28), 'X must be a batch of 28 x 28 grayscale '
+    check(shape[1:] == (1, 28, 28), 'X must be a batch of 28 x 28 grayscale '
              f'images, shape (examples, 1, 28, 28); got {shape}')
     n = len(params) if isinstance(params, (list, tuple)) else None
-    _require(n == len(d2l.LENET_SHAPES), f"params must be a list of LeNet's {len(d2l.LENET_SHAPES)}"
+    check(n == len(d2l.LENET_SHAPES), f"params must be a list of LeNet's {len(d2l.LENET_SHAPES)}"
              f' tensors, as lenet_params() returns; got {n or params!r:.60}')
     for i, (p, shape) in enumerate(zip(params, d2l.LENET_SHAPES)):
-        _require(tuple(p.shape) == shape, f'params[{i}] has shape '
+        check(tuple(p.shape) == shape, f'params[{i}] has shape '
                  f'{tuple(p.shape)} but LeNet needs {shape}; use lenet_params()')
 
 
-def _check_model_kind(net):
+def check_model_kind(net):
     """Reject `net` unless it is a gluon.Block."""
     d2l._check_model(net, gluon.Block, 'gluon.Block')
 
 
-_check_concise_step = _check_step
+_check_concise_step = check_step
 
 
-def _check_zero_init(params, devices, stage):
+def check_zero_init(params, devices, stage):
     """Reject a ZeRO stage, or an empty parameter or device list."""
     d2l.check_stage(stage)
     d2l._check_zero_args(params, devices)
 
 
-def _check_zero_step(states, devices, stage):
+def check_zero_step(states, devices, stage):
     """Reject a ZeRO stage, or states that do not fit it and the devices."""
     d2l.check_stage(stage)
     d2l._check_zero_states(states, devices, stage)
@@ -235,10 +235,10 @@ if not getattr(gluon.Trainer._init_params, 'waits', False):
         gluon.Trainer._init_params)
 
 
-def _check_pipeline_runs(runs, num_stages, X, y, depth, width):
+def check_pipeline_runs(runs, num_stages, X, y, depth, width):
     """Refuse bad runs or sizes for time_pipeline before anything starts."""
-    _check_positive_int(depth, 'depth')
-    _check_positive_int(width, 'width')
+    check_count(depth, 'depth', 1)
+    check_count(width, 'width', 1)
     d2l.split_stages(range(depth), num_stages)  # enough blocks for the stages
     if not isinstance(runs, (list, tuple)) or not runs:
         raise ValueError('runs must list (schedule, num_microbatches) pairs')
@@ -338,7 +338,7 @@ def _tp_wrong_worker(rank, world_size, init_method, d, hidden):
 def time_all_reduce(world_size, sizes, reps=3, calls=5):
     """Median seconds per push and pull of each byte size in `sizes`."""
     sizes = _check_sizes(sizes, reps)
-    _check_int('calls', calls, 1)
+    check_count(calls, 'calls', 1)
     _check_world_of_two(world_size)
     return _slowest_medians(d2l.spawn_ranks(
         _all_reduce_worker, world_size, 'env://', sizes, reps, calls))
@@ -448,7 +448,19 @@ def _tp_timing_worker(rank, world_size, init_method, d, hidden, batch_size,
         return [[s / num_steps for s in row] for row in seconds]
 
 
-__all__ = ['_device_name', '_device_names', '_one_thread', '_batchify_resized', '_worker_context', '_free_ports', '_start_servers', '_serve', '_check_lenet_args', '_check_model_kind', '_check_concise_step', '_check_zero_init', '_check_zero_step', '_run_rank', '_stand_down', '_rendezvous_address', '_JOB', '_job_store', '_leave_failed_worker', '_join_deadline', '_waiting_init_params', '_check_pipeline_runs', '_stage_shapes', '_tp_slice', '_to_numpy', '_parameter', '_from_numpy', '_stores', '_dist_store', '_group', '_check_arrangement', '_tp_wrong_worker', 'time_all_reduce', '_all_reduce_worker', '_all_reduce_rounds', 'cost_model_net', 'gradient_bytes', 'time_compute', '_compute_worker', '_tp_barrier', '_rendezvous', '_tp_timing_worker']
+__all__ = [
+    '_device_name', '_device_names', '_one_thread', '_batchify_resized',
+    '_worker_context', '_free_ports', '_start_servers', '_serve',
+    'check_lenet_args', 'check_model_kind', '_check_concise_step',
+    'check_zero_init', 'check_zero_step', '_run_rank', '_stand_down',
+    '_rendezvous_address', '_JOB', '_job_store', '_leave_failed_worker',
+    '_join_deadline', '_waiting_init_params', 'check_pipeline_runs',
+    '_stage_shapes', '_tp_slice', '_to_numpy', '_parameter', '_from_numpy',
+    '_stores', '_dist_store', '_group', '_check_arrangement',
+    '_tp_wrong_worker', 'time_all_reduce', '_all_reduce_worker',
+    '_all_reduce_rounds', 'cost_model_net', 'gradient_bytes', 'time_compute',
+    '_compute_worker', '_tp_barrier', '_rendezvous', '_tp_timing_worker',
+]
 
 # Last: the generated module imports this one at its top.
 from d2l import mxnet as d2l  # noqa: E402

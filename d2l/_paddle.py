@@ -17,6 +17,16 @@ import warnings
 from paddle import nn
 from d2l.runtime import *  # noqa: F401,F403
 
+# Notices that PaddlePaddle repeats on every training step, in this process
+# and in the processes it starts.
+warnings.filterwarnings('ignore', message='When training, we now always track')
+warnings.filterwarnings('ignore',
+                        message='Your model will be trained under CPUONLY')
+os.environ.setdefault('GLOG_minloglevel', '2')
+os.environ.setdefault('PYTHONWARNINGS', ','.join(
+    f'ignore::UserWarning:{module}' for module in (
+        'paddle.nn.layer.norm', 'paddle.utils.cpp_extension.extension_utils')))
+
 
 def _device_name(device):
     """A short name for `device` and whether it is a GPU."""
@@ -34,7 +44,7 @@ def _device_names(devices, num_asked):
         raise ValueError('devices must be a non-empty list of devices, such '
                          f'as d2l.try_gpus(2), got {devices!r}')
     if num_asked is not None:
-        _check_num_devices(num_asked, 'num_asked')
+        check_num_devices(num_asked, 'num_asked')
     named = []
     for i, device in enumerate(devices):
         try:
@@ -112,7 +122,7 @@ def _group_from_env(rank, world_size, init_method):
 def _set_group_timeout(timeout_s, device):
     """Give an NCCL group `timeout_s` or a launcher's --timeout; refuse one for Gloo, which has none."""
     if timeout_s is None and d2l.ddp_backend(device) == 'nccl':
-        timeout_s = _launcher_timeout_s
+        timeout_s = _PROCESS['launcher_timeout_s']
     if timeout_s is not None:
         if d2l.ddp_backend(device) != 'nccl':
             raise ValueError("timeout_s must be None on the CPU: PaddlePaddle's "
@@ -140,40 +150,40 @@ def _quiet_paddle_children():
                 os.environ[name] = value
 
 
-def _check_lenet_args(X, params):
+def check_lenet_args(X, params):
     """Raise ValueError, saying what to pass, unless `X` and `params` fit LeNet."""
     shape = tuple(X.shape) if hasattr(X, 'shape') else type(X).__name__
-    _require(shape[1:] == (1, 28, 28), 'X must be a batch of 28 x 28 grayscale '
+    check(shape[1:] == (1, 28, 28), 'X must be a batch of 28 x 28 grayscale '
              f'images, shape (examples, 1, 28, 28); got {shape}')
     n = len(params) if isinstance(params, (list, tuple)) else None
-    _require(n == len(d2l.LENET_SHAPES), f"params must be a list of LeNet's {len(d2l.LENET_SHAPES)}"
+    check(n == len(d2l.LENET_SHAPES), f"params must be a list of LeNet's {len(d2l.LENET_SHAPES)}"
              f' tensors, as lenet_params() returns; got {n or params!r:.60}')
     for i, (p, shape) in enumerate(zip(params, d2l.LENET_SHAPES)):
-        _require(tuple(p.shape) == shape, f'params[{i}] has shape '
+        check(tuple(p.shape) == shape, f'params[{i}] has shape '
                  f'{tuple(p.shape)} but LeNet needs {shape}; use lenet_params()')
 
 
-def _check_model_kind(net):
+def check_model_kind(net):
     """Reject `net` unless it is a paddle.nn.Layer."""
     d2l._check_model(net, nn.Layer, 'paddle.nn.Layer')
 
 
 def _check_concise_step(X, y, devices):
-    """_check_step, and one device: a PaddlePaddle process computes on one."""
-    d2l._check_step(X, y, devices)
-    d2l._require(
+    """check_step, and one device: a PaddlePaddle process computes on one."""
+    d2l.check_step(X, y, devices)
+    d2l.check(
         len(devices) == 1, f'devices names {len(devices)} devices, but a '
         'PaddlePaddle process computes on one; pass [its device] and start '
         'one process per device, as d2l.train_concise_spawn does')
 
 
-def _check_zero_init(params, devices, stage):
+def check_zero_init(params, devices, stage):
     """Reject a ZeRO stage, or an empty parameter or device list."""
     d2l.check_stage(stage)
     d2l._check_zero_args(params, devices)
 
 
-def _check_zero_step(states, devices, stage):
+def check_zero_step(states, devices, stage):
     """Reject a ZeRO stage, or states that do not fit it and the devices."""
     d2l.check_stage(stage)
     d2l._check_zero_states(states, devices, stage)
@@ -201,20 +211,20 @@ def _quiet_spawn():
                 os.environ[key] = value
 
 
-def _check_spawn_args(net_fn, devices, batch_size, lr, num_epochs):
+def check_spawn_args(net_fn, devices, batch_size, lr, num_epochs):
     """Reject arguments of train_concise_spawn that cannot work, saying which."""
     if isinstance(net_fn, nn.Layer) or not callable(net_fn):
         raise TypeError('net_fn must be a function that builds the model, got '
                         f'{type(net_fn).__name__}; pass e.g. '
                         'functools.partial(d2l.resnet18, 10)')
-    d2l._check_devices(devices)
+    check_devices(devices)
     for name, value in (('batch_size', batch_size), ('num_epochs', num_epochs)):
-        d2l._require(d2l._is_count(value, 1),
+        d2l.check(d2l._is_count(value, 1),
                      f'{name} must be a positive integer, got {value!r}')
     k = len(devices)
-    d2l._require(batch_size % k == 0, f'batch_size {batch_size} cannot be shared '
+    d2l.check(batch_size % k == 0, f'batch_size {batch_size} cannot be shared '
                  f'equally by {k} processes; use a multiple of {k}')
-    d2l._check_rate(lr, 'lr')
+    d2l.check_number(lr, 'lr')
 
 
 def spawn_per_device(worker, devices, folder, *args):
@@ -239,9 +249,8 @@ def spawn_per_device(worker, devices, folder, *args):
 
 def _run_in_environment(worker, args, env, folder):
     """worker(*args) after taking `env`; an error is written to `folder`."""
-    global _rank_report_dir
     _take_environment(env, keep=_spawn_variables())  # spawn's own stay
-    _rank_report_dir = folder  # as in the processes of spawn_ranks
+    _PROCESS['report_dir'] = folder  # as in the processes of spawn_ranks
     try:
         return worker(*args)
     except BaseException:
@@ -293,10 +302,10 @@ def _rendezvous_address():
         'PADDLE_TRAINER_ENDPOINTS', '(unset)').split(',')[0])
 
 
-def _check_pipeline_runs(runs, num_stages, X, y, depth, width):
+def check_pipeline_runs(runs, num_stages, X, y, depth, width):
     """Refuse bad runs or sizes for time_pipeline before anything starts."""
-    _check_positive_int(depth, 'depth')
-    _check_positive_int(width, 'width')
+    check_count(depth, 'depth', 1)
+    check_count(width, 'width', 1)
     d2l.split_stages(range(depth), num_stages)  # enough blocks for the stages
     if not isinstance(runs, (list, tuple)) or not runs:
         raise ValueError('runs must list (schedule, num_microbatches) pairs')
@@ -450,7 +459,7 @@ def time_all_reduce(world_size, sizes, reps=3, calls=5):
     """Median seconds per all_reduce of each byte size in `sizes`."""
     # each over `world_size` processes, timed over `calls` calls in a row
     sizes = _check_sizes(sizes, reps)
-    _check_int('calls', calls, 1)
+    check_count(calls, 'calls', 1)
     _check_world_of_two(world_size)
     # PaddlePaddle's spawn passes the rendezvous in the environment.
     return _slowest_medians(d2l.spawn_ranks(
@@ -563,7 +572,7 @@ def _check_configs(configs):
                              f'{sorted(defaults)}, got {c!r}')
         out.append(dict(defaults, **c))
         cost_model_net(out[-1]['model'])  # rejects an unknown model
-        _check_int('accumulate', out[-1]['accumulate'], 1)
+        check_count(out[-1]['accumulate'], 'accumulate', 1)
         d2l.ddp_buckets(1, out[-1]['bucket_cap_mb'])  # rejects a size <= 0
         if not isinstance(out[-1]['ddp'], bool):
             raise ValueError(f"ddp must be True or False, got "
@@ -649,7 +658,22 @@ def _tp_timing_worker(rank, world_size, init_method, d, hidden, batch_size,
         return [[s / num_steps for s in row] for row in seconds]
 
 
-__all__ = ['_from_numpy', '_group', '_device_name', '_device_names', '_one_thread', '_collate_resized', 'ArrayDataset', '_spawn_variables', '_group_from_env', '_set_group_timeout', '_quiet_paddle_children', '_check_lenet_args', '_check_model_kind', '_check_concise_step', '_check_zero_init', '_check_zero_step', '_quiet_spawn', '_check_spawn_args', 'spawn_per_device', '_run_in_environment', 'start_spawned_process', '_run_rank', '_stand_down', '_rendezvous_address', '_check_pipeline_runs', '_stage_shapes', '_pump', '_direction_groups', '_p2p_link', '_tp_slice', '_new_group', '_nbytes', '_to_numpy', '_parameter', '_check_arrangement', '_tp_wrong_worker', 'time_all_reduce', '_all_reduce_worker', '_all_reduce_rounds', 'cost_model_net', 'gradient_bytes', 'time_compute', '_sgd_steps', '_time_runs', '_check_configs', '_ddp_model', 'time_ddp_configs', '_ddp_configs_worker', '_time_configs', '_tp_barrier', '_tp_timing_worker']
+__all__ = [
+    '_device_name', '_device_names', '_one_thread', '_collate_resized',
+    'ArrayDataset', '_spawn_variables', '_group_from_env',
+    '_set_group_timeout', '_quiet_paddle_children', 'check_lenet_args',
+    'check_model_kind', '_check_concise_step', 'check_zero_init',
+    'check_zero_step', '_quiet_spawn', 'check_spawn_args', 'spawn_per_device',
+    '_run_in_environment', 'start_spawned_process', '_run_rank', '_stand_down',
+    '_rendezvous_address', 'check_pipeline_runs', '_stage_shapes', '_pump',
+    '_direction_groups', '_p2p_link', '_tp_slice', '_new_group', '_nbytes',
+    '_to_numpy', '_from_numpy', '_group', '_parameter', '_check_arrangement',
+    '_tp_wrong_worker', 'time_all_reduce', '_all_reduce_worker',
+    '_all_reduce_rounds', 'cost_model_net', 'gradient_bytes', 'time_compute',
+    '_sgd_steps', '_time_runs', '_check_configs', '_ddp_model',
+    'time_ddp_configs', '_ddp_configs_worker', '_time_configs', '_tp_barrier',
+    '_tp_timing_worker',
+]
 
 # Last: the generated module imports this one at its top.
 from d2l import paddle as d2l  # noqa: E402

@@ -36,7 +36,7 @@ def _device_names(devices, num_asked):
         raise ValueError('devices must be a non-empty list of devices, such '
                          f'as d2l.try_gpus(2), got {devices!r}')
     if num_asked is not None:
-        _check_num_devices(num_asked, 'num_asked')
+        check_num_devices(num_asked, 'num_asked')
     named = []
     for i, device in enumerate(devices):
         try:
@@ -88,34 +88,34 @@ def _destroy_after_barrier():
     dist.destroy_process_group()
 
 
-def _check_lenet_args(X, params):
+def check_lenet_args(X, params):
     """Raise ValueError, saying what to pass, unless `X` and `params` fit LeNet."""
     shape = tuple(X.shape) if hasattr(X, 'shape') else type(X).__name__
-    _require(shape[1:] == (1, 28, 28), 'X must be a batch of 28 x 28 grayscale '
+    check(shape[1:] == (1, 28, 28), 'X must be a batch of 28 x 28 grayscale '
              f'images, shape (examples, 1, 28, 28); got {shape}')
     n = len(params) if isinstance(params, (list, tuple)) else None
-    _require(n == len(d2l.LENET_SHAPES), f"params must be a list of LeNet's {len(d2l.LENET_SHAPES)}"
+    check(n == len(d2l.LENET_SHAPES), f"params must be a list of LeNet's {len(d2l.LENET_SHAPES)}"
              f' tensors, as lenet_params() returns; got {n or params!r:.60}')
     for i, (p, shape) in enumerate(zip(params, d2l.LENET_SHAPES)):
-        _require(tuple(p.shape) == shape, f'params[{i}] has shape '
+        check(tuple(p.shape) == shape, f'params[{i}] has shape '
                  f'{tuple(p.shape)} but LeNet needs {shape}; use lenet_params()')
 
 
-def _check_model_kind(net):
+def check_model_kind(net):
     """Reject `net` unless it is a torch.nn.Module."""
     d2l._check_model(net, nn.Module, 'torch.nn.Module')
 
 
-_check_concise_step = _check_step
+_check_concise_step = check_step
 
 
-def _check_zero_init(params, devices, stage):
+def check_zero_init(params, devices, stage):
     """Reject a ZeRO stage, or an empty parameter or device list."""
     d2l.check_stage(stage)
     d2l._check_zero_args(params, devices)
 
 
-def _check_zero_step(states, devices, stage):
+def check_zero_step(states, devices, stage):
     """Reject a ZeRO stage, or states that do not fit it and the devices."""
     d2l.check_stage(stage)
     d2l._check_zero_states(states, devices, stage)
@@ -125,10 +125,10 @@ def time_data_parallel(num_devices, global_batch, num_steps, warmup=1,
                        model_fn=None):
     """Seconds per step of nn.DataParallel over GPUs 0..num_devices-1."""
     # without GPUs: a plain model on the CPU
-    d2l._check_positive_int(num_devices, 'num_devices')
-    d2l._check_positive_int(global_batch, 'global_batch')
-    d2l._check_positive_int(num_steps, 'num_steps')
-    d2l._check_count(warmup, 'warmup')
+    d2l.check_count(num_devices, 'num_devices', 1)
+    d2l.check_count(global_batch, 'global_batch', 1)
+    d2l.check_count(num_steps, 'num_steps', 1)
+    d2l.check_count(warmup, 'warmup')
     use_gpus = d2l.num_gpus() >= num_devices
     device = torch.device('cuda', 0) if use_gpus else torch.device('cpu')
     torch.manual_seed(0)
@@ -143,7 +143,7 @@ def time_data_parallel(num_devices, global_batch, num_steps, warmup=1,
 def _join_group(backend, init_method, rank, world_size, timeout_s):
     """Join the default process group; a rendezvous on loopback listens on loopback only."""
     if timeout_s is None:
-        timeout_s = _launcher_timeout_s
+        timeout_s = _PROCESS['launcher_timeout_s']
     timeout = timeout_s and datetime.timedelta(seconds=timeout_s)  # or None
     url = urllib.parse.urlsplit(init_method)
     host = url.hostname
@@ -190,10 +190,10 @@ def _rendezvous_address():
             f"{os.environ.get('MASTER_PORT', '(MASTER_PORT unset)')}")
 
 
-def _check_pipeline_runs(runs, num_stages, X, y, depth, width):
+def check_pipeline_runs(runs, num_stages, X, y, depth, width):
     """Refuse bad runs or sizes for time_pipeline before anything starts."""
-    _check_positive_int(depth, 'depth')
-    _check_positive_int(width, 'width')
+    check_count(depth, 'depth', 1)
+    check_count(width, 'width', 1)
     d2l.split_stages(range(depth), num_stages)  # enough blocks for the stages
     if not isinstance(runs, (list, tuple)) or not runs:
         raise ValueError('runs must list (schedule, num_microbatches) pairs')
@@ -340,7 +340,7 @@ def time_all_reduce(world_size, sizes, reps=3, calls=5):
     """Median seconds per all_reduce of each byte size in `sizes`."""
     # each over `world_size` processes, timed over `calls` calls in a row
     sizes = _check_sizes(sizes, reps)
-    _check_int('calls', calls, 1)
+    check_count(calls, 'calls', 1)
     _check_world_of_two(world_size)
     return _slowest_medians(d2l.spawn_ranks(
         _all_reduce_worker, world_size, d2l.local_init_method(), sizes, reps,
@@ -454,7 +454,7 @@ def _check_configs(configs):
                              f'{sorted(defaults)}, got {c!r}')
         out.append(dict(defaults, **c))
         cost_model_net(out[-1]['model'])  # rejects an unknown model
-        _check_int('accumulate', out[-1]['accumulate'], 1)
+        check_count(out[-1]['accumulate'], 'accumulate', 1)
         d2l.ddp_buckets(1, out[-1]['bucket_cap_mb'])  # rejects a size <= 0
         if not isinstance(out[-1]['ddp'], bool):
             raise ValueError(f"ddp must be True or False, got "
@@ -532,7 +532,21 @@ def _tp_timing_worker(rank, world_size, init_method, d, hidden, batch_size,
         return [[s / num_steps for s in row] for row in seconds]
 
 
-__all__ = ['_from_numpy', '_group', '_device_name', '_device_names', '_one_thread', '_collate_resized', '_ABANDONED', '_exit_if_abandoned', '_leave_failed_rank', '_destroy_after_barrier', '_check_lenet_args', '_check_model_kind', '_check_concise_step', '_check_zero_init', '_check_zero_step', 'time_data_parallel', '_join_group', '_run_rank', '_stand_down', '_rendezvous_address', '_check_pipeline_runs', '_stage_shapes', '_pump', '_direction_groups', '_p2p_link', '_tp_slice', '_new_group', '_nbytes', '_to_numpy', '_check_arrangement', '_tp_wrong_worker', 'time_all_reduce', '_all_reduce_worker', '_all_reduce_rounds', 'cost_model_net', 'gradient_bytes', 'time_compute', '_sgd_steps', '_time_runs', '_check_configs', '_ddp_model', 'time_ddp_configs', '_ddp_configs_worker', '_time_configs', '_tp_barrier', '_tp_timing_worker']
+__all__ = [
+    '_device_name', '_device_names', '_one_thread', '_collate_resized',
+    '_ABANDONED', '_exit_if_abandoned', '_leave_failed_rank',
+    '_destroy_after_barrier', 'check_lenet_args', 'check_model_kind',
+    '_check_concise_step', 'check_zero_init', 'check_zero_step',
+    'time_data_parallel', '_join_group', '_run_rank', '_stand_down',
+    '_rendezvous_address', 'check_pipeline_runs', '_stage_shapes', '_pump',
+    '_direction_groups', '_p2p_link', '_tp_slice', '_from_numpy', '_group',
+    '_new_group', '_nbytes', '_to_numpy', '_check_arrangement',
+    '_tp_wrong_worker', 'time_all_reduce', '_all_reduce_worker',
+    '_all_reduce_rounds', 'cost_model_net', 'gradient_bytes', 'time_compute',
+    '_sgd_steps', '_time_runs', '_check_configs', '_ddp_model',
+    'time_ddp_configs', '_ddp_configs_worker', '_time_configs', '_tp_barrier',
+    '_tp_timing_worker',
+]
 
 # Last: the generated module imports this one at its top.
 from d2l import torch as d2l  # noqa: E402

@@ -36,6 +36,7 @@ def try_gpu(i=0):
     """Return GPU `i` if it exists, otherwise the CPU.
 
     Defined in :numref:`sec_helpers`"""
+    d2l.check_gpu_index(i)
     return paddle.CUDAPlace(i) if i < num_gpus() else paddle.CPUPlace()
 
 def try_all_gpus():
@@ -49,6 +50,7 @@ def try_gpus(num_devices):
     """Devices for `num_devices` model copies: GPUs, or the CPU if none.
 
     Defined in :numref:`sec_helpers`"""
+    d2l.check_num_devices(num_devices, name)
     g = num_gpus()
     if g == 0:
         return [paddle.CPUPlace() for _ in range(num_devices)]
@@ -81,6 +83,7 @@ def use_one_core(local_rank):
     """Give this process one thread on core number `local_rank`; return it.
 
     Defined in :numref:`sec_helpers`"""
+    d2l.check_count(local_rank, 'local_rank')
     cores = _usable_cores()
     core = cores[local_rank % len(cores)]
     _one_thread()
@@ -119,7 +122,7 @@ class Accumulator:
     """Keep running sums of `n` quantities."""
     def __init__(self, n):
         """Defined in :numref:`sec_helpers`"""
-        _check_positive_int(n, 'n (the number of sums)')
+        d2l.check_count(n, 'n (the number of sums)', 1)
         self.data = [0.0] * n
 
     def add(self, *args):
@@ -178,8 +181,8 @@ class Animator:
         # A Figure not registered with pyplot is shown only when we ask,
         # so Jupyter does not print it a second time at the end of the cell.
         from matplotlib.figure import Figure
-        _check_positive_int(nrows, 'nrows')
-        _check_positive_int(ncols, 'ncols')
+        d2l.check_count(nrows, 'nrows', 1)
+        d2l.check_count(ncols, 'ncols', 1)
         use_svg_display()
         self.fig = Figure(figsize=figsize)
         self.axes = [self.fig.add_subplot(nrows, ncols, i + 1)
@@ -248,6 +251,7 @@ def train_epochs(num_epochs):
     """`num_epochs` in full mode; at most QUICK_MAX_EPOCHS in quick mode.
 
     Defined in :numref:`sec_helpers`"""
+    d2l.check_count(num_epochs, 'num_epochs', 1)
     return num_epochs if not quick_mode(num_gpus()) else min(
         num_epochs, QUICK_MAX_EPOCHS)
 
@@ -333,6 +337,7 @@ def lenet_init_arrays(seed=0):
     """LeNet's initial NumPy arrays: He-scaled normal weights, zero biases.
 
     Defined in :numref:`sec_multi_gpu`"""
+    d2l.check_count(seed, 'seed')
     rng = numpy.random.default_rng(seed)
     return [numpy.zeros(shape, numpy.float32) if len(shape) == 1 else
             (rng.standard_normal(shape)
@@ -349,6 +354,7 @@ def lenet(X, params):
     """LeNet on raw parameters: two conv/pool stages, three dense layers.
 
     Defined in :numref:`sec_multi_gpu`"""
+    d2l.check_lenet_args(X, params)
     W1, b1, W2, b2, W3, b3, W4, b4, W5, b5 = params
     H = F.max_pool2d(F.relu(F.conv2d(X, W1, b1, padding=2)), 2)  # 6 x 14 x 14
     H = F.max_pool2d(F.relu(F.conv2d(H, W2, b2)), 2)             # 16 x 5 x 5
@@ -361,12 +367,14 @@ def cross_entropy_sum(y_hat, y):
     """Cross-entropy of scores `y_hat` against integer labels, summed.
 
     Defined in :numref:`sec_multi_gpu`"""
+    d2l.check_scores_and_labels(y_hat, y)
     return -_pick(_log_softmax(y_hat), y).sum()
 
 def get_params(params, device):
     """Copy `params` to `device` as new tensors that record their gradients.
 
     Defined in :numref:`sec_multi_gpu`"""
+    d2l.check_arrays(params, 'params')
     copies = [copy_to(p, device) for p in params]  # never shares memory with p
     for p in copies:
         _track(p)
@@ -376,6 +384,7 @@ def allreduce(data, devices=None):
     """Sum same-shaped arrays on different devices, writing the sum to each.
 
     Defined in :numref:`sec_multi_gpu`"""
+    d2l.check_reduce_args(data, devices)
     if devices is None:  # where each array lives
         devices = [_device_of(x) for x in data]
     first = data[0]
@@ -391,12 +400,15 @@ def shard_sizes(n, k):
     """Sizes of `k` nearly equal parts of `n`; the first n % k get one more.
 
     Defined in :numref:`sec_multi_gpu`"""
+    d2l.check_count(n, 'n')
+    d2l.check_count(k, 'k', 1)
     return [n // k + (1 if i < n % k else 0) for i in range(k)]
 
 def split_batch(X, y, devices):
     """Split examples `X` and labels `y` into one shard on each device.
 
     Defined in :numref:`sec_multi_gpu`"""
+    d2l.check_split(X, y, devices)
     X_shards, y_shards, start = [], [], 0
     for size, device in zip(shard_sizes(X.shape[0], len(devices)), devices):
         X_shards.append(_to(X[start:start + size], device))
@@ -408,6 +420,7 @@ def train_batch(X, y, device_params, devices, lr, allreduce_fn=allreduce):
     """One data-parallel SGD step on (X, y); returns the summed loss.
 
     Defined in :numref:`sec_multi_gpu`"""
+    d2l.check_replicas(device_params, devices)
     X_shards, y_shards = split_batch(X, y, devices)
     y_hats, losses = [], []
     with _record():
@@ -425,12 +438,15 @@ def train_batch(X, y, device_params, devices, lr, allreduce_fn=allreduce):
     for W, device in zip(device_params, devices):
         with _on(device):  # equal gradients keep the replicas equal
             d2l.sgd(W, lr, X.shape[0])
-    return sum(float(l) for l in losses)  # waits for every device
+    # float() waits for every device
+    return d2l.check_finite([float(l) for l in losses], 'train_batch')
 
 def evaluate_accuracy_replicas(device_params, data_iter, devices):
     """LeNet's accuracy on `data_iter`, each batch split over the devices.
 
     Defined in :numref:`sec_multi_gpu`"""
+    d2l.check_replicas(device_params, devices)
+    data_iter = d2l.check_batches(data_iter, 'data_iter')
     counts = d2l.Accumulator(2)  # correct predictions, examples
     with _no_grad():
         for X, y in data_iter:
@@ -449,6 +465,7 @@ def ring_allreduce(data, devices=None):
     """Sum arrays on k devices in place: ring reduce-scatter, all-gather.
 
     Defined in :numref:`sec_multi_gpu`"""
+    d2l.check_reduce_args(data, devices)
     if devices is None:  # where each array lives
         devices = [_device_of(x) for x in data]
     with _no_grad():
@@ -500,6 +517,7 @@ def resnet18(num_classes, in_channels=1):
     """ResNet-18 for small images: a 3x3 stem and no max-pooling.
 
     Defined in :numref:`sec_multi_gpu_concise`"""
+    d2l.check_resnet_args(num_classes, in_channels)
     layers = [nn.Conv2D(in_channels, 64, kernel_size=3, padding=1),
               nn.BatchNorm2D(64), nn.ReLU()]
     for in_c, out_c, downsample in [(64, 64, False), (64, 128, True),
@@ -518,12 +536,14 @@ def count_trainable_params(net):
     """Number of values in `net` that receive gradients (no BN statistics).
 
     Defined in :numref:`sec_multi_gpu_concise`"""
+    d2l.check_model_kind(net)
     return sum(p.size for p in net.parameters() if not p.stop_gradient)
 
 def _accuracy_on_devices(forward, data_iter, split_f, devices):
     """Fraction classified correctly, `forward(i, X_i)` scoring shard i.
 
     Defined in :numref:`sec_multi_gpu_concise`"""
+    data_iter = d2l.check_batches(data_iter, 'data_iter')
     counts = d2l.Accumulator(2)  # correct predictions, examples
     for X, y in data_iter:
         k = min(len(devices), X.shape[0])
@@ -540,6 +560,7 @@ def evaluate_accuracy_gpus(net, data_iter, split_f=d2l.split_batch,
     """Accuracy of `net` on `data_iter`, each batch split over the devices.
 
     Defined in :numref:`sec_multi_gpu_concise`"""
+    d2l.check_devices(devices, allow_none=True)
     if devices is None:
         devices = d2l.try_all_gpus()
     home = str(net.parameters()[0].place)  # e.g. 'Place(gpu:0)'
@@ -561,6 +582,7 @@ def train_step_concise(net, X, y, loss, optimizer, devices):
     """One SGD step of this process on its (X, y); returns the summed loss.
 
     Defined in :numref:`sec_multi_gpu_concise`"""
+    d2l.check_step(X, y, devices)
     X, y = X.to(devices[0]), y.to(devices[0])
     with paddle.device.device_guard(devices[0]):
         l = loss(net(X), y)
@@ -573,13 +595,15 @@ def train_epoch_concise(net, train_iter, loss, optimizer, devices):
     """One data-parallel pass over `train_iter`; (summed loss, examples).
 
     Defined in :numref:`sec_multi_gpu_concise`"""
+    d2l.check_devices(devices)
+    train_iter = d2l.check_batches(train_iter, 'train_iter')
     net.train()
     total, n = 0.0, 0
     for X, y in train_iter:
         l = d2l.train_step_concise(net, X, y, loss, optimizer, devices)
         total += float(l)  # waits for the step to finish
         n += X.shape[0]
-    return total, n
+    return d2l.check_finite(total, 'train_epoch_concise'), n
 
 def _shard_loaders(batch_size, rank, world):
     """This process's sampler, its training loader, its share of the tests.
@@ -639,6 +663,7 @@ def train_concise_spawn(net_fn, devices, batch_size, lr, num_epochs, seed=0):
     """Train net_fn() with a process per device; return (model, record).
 
     Defined in :numref:`sec_multi_gpu_concise`"""
+    d2l.check_spawn_args(net_fn, devices, batch_size, lr, num_epochs)
     with tempfile.TemporaryDirectory() as folder:
         records = d2l.spawn_per_device(
             d2l.train_concise_worker, devices, folder,
@@ -655,12 +680,15 @@ def cosine_lr(lr, epoch, num_epochs):
     """Learning rate of epoch `epoch` (from 0), `lr` along half a cosine.
 
     Defined in :numref:`sec_multi_gpu_concise`"""
+    d2l.check_epoch(epoch, num_epochs)
+    d2l.check_number(lr, 'lr')
     return lr * (1 + math.cos(math.pi * epoch / num_epochs)) / 2
 
 def set_learning_rate(optimizer, lr):
     """Give a PaddlePaddle optimizer the learning rate `lr`.
 
     Defined in :numref:`sec_multi_gpu_concise`"""
+    d2l.check_number(lr, 'lr')
     optimizer.set_lr(lr)
 
 import contextlib
@@ -683,7 +711,7 @@ def ddp_device(local_rank, local_world_size):
     """The launcher's GPU, else GPU `local_rank` if each gets one, else CPU.
 
     Defined in :numref:`sec_process_groups`"""
-    _check_rank(local_rank, local_world_size, 'local_rank')
+    check_rank(local_rank, local_world_size, 'local_rank')
     if (os.environ.get('PADDLE_DISTRI_BACKEND') == 'gloo'
             or not paddle.device.is_compiled_with_cuda() or num_gpus() == 0):
         return 'cpu'
@@ -715,7 +743,7 @@ def process_group(rank, world_size, init_method='env://', timeout_s=None,
 
     Defined in :numref:`sec_process_groups`"""
     # spawn and the launcher describe the group in environment variables
-    _check_rank(rank, world_size)
+    check_rank(rank, world_size)
     _check_timeout(timeout_s)
     _group_from_env(rank, world_size, init_method)
     if local_rank is None:
@@ -743,7 +771,7 @@ def spawn_ranks(worker, world_size, *args, silence_s=60.0, backend=None):
     """Run worker(rank, world_size, *args) in new processes; their results.
 
     Defined in :numref:`sec_process_groups`"""
-    _check_rank(0, world_size)
+    check_rank(0, world_size)
     _check_worker(worker, args)
     _check_timeout(silence_s, 'silence_s')
     if backend is None:
@@ -787,8 +815,8 @@ def launcher_ranks():
     # spawn describes one machine and leaves the local numbers out
     local_rank = _int_from_env('PADDLE_LOCAL_RANK', 0, rank)
     local_world_size = _int_from_env('PADDLE_LOCAL_SIZE', 1, world_size)
-    _check_rank(rank, world_size)
-    _check_rank(local_rank, local_world_size, 'local_rank')
+    check_rank(rank, world_size)
+    check_rank(local_rank, local_world_size, 'local_rank')
     return rank, world_size, local_rank, local_world_size
 
 @contextlib.contextmanager
@@ -797,8 +825,7 @@ def launcher_deadline(rank, world_size, timeout_s):
 
     Defined in :numref:`sec_process_groups`"""
     # it also says what this rank waits for
-    global _launcher_timeout_s
-    _check_rank(rank, world_size)
+    check_rank(rank, world_size)
     _check_timeout(timeout_s)
     if timeout_s is None:
         raise ValueError('timeout_s must be a number of seconds, not None')
@@ -815,13 +842,13 @@ def launcher_deadline(rank, world_size, timeout_s):
     done = threading.Event()
     threading.Thread(target=_stand_down, args=(watchdog, done, world_size),
                      daemon=True).start()
-    _launcher_timeout_s = timeout_s
+    _PROCESS['launcher_timeout_s'] = timeout_s
     try:
         yield
     finally:
         done.set()
         watchdog.wait()  # it ends when told to stand down
-        _launcher_timeout_s = None
+        _PROCESS['launcher_timeout_s'] = None
 
 def fashion_mnist_tensors(split):
     """Fashion-MNIST images and labels as tensors; a subset in quick mode.
@@ -854,6 +881,8 @@ def _sgd(net, lr, momentum=0.0):
     """An SGD optimizer (with `momentum`) over the parameters of `net`.
 
     Defined in :numref:`sec_ddp`"""
+    d2l.check_number(lr, 'lr')
+    d2l.check_number(momentum, 'momentum', below=1)
     if momentum:
         return paddle.optimizer.Momentum(learning_rate=lr, momentum=momentum,
                                          parameters=net.parameters())
@@ -863,6 +892,9 @@ def shard_of_batch(X, y, step, rank, world_size, batch_size):
     """Rank `rank`'s `batch_size` examples of minibatch `step`, wrapping.
 
     Defined in :numref:`sec_ddp`"""
+    d2l.check_rank(rank, world_size)
+    d2l.check_count(step, 'step')
+    d2l.check_count(batch_size, 'batch_size', 1)
     start = (step * world_size + rank) * batch_size
     idx = np.arange(start, start + batch_size) % len(y)
     return X[idx], y[idx]
@@ -872,6 +904,7 @@ def sgd_on_shards(net, optimizer, rank, world_size, num_steps, batch_size,
     """Take `num_steps` steps, rank `rank` training on its minibatch shard.
 
     Defined in :numref:`sec_ddp`"""
+    d2l.check_count(num_steps, 'num_steps')
     X, y = fashion_mnist_tensors('train')
     for step in range(num_steps):
         X_shard, y_shard = shard_of_batch(X, y, step, rank, world_size,
@@ -881,7 +914,8 @@ def sgd_on_shards(net, optimizer, rank, world_size, num_steps, batch_size,
         optimizer.zero_grad()
         loss.backward()  # a wrapped model averages gradients over ranks
         optimizer.step()
-    return float(loss) if num_steps else None  # the last step's loss
+    if num_steps:  # the last step's loss
+        return d2l.check_finite(float(loss), 'sgd_on_shards')
 
 def ddp_sgd_steps(rank, world_size, init_method, num_steps, batch_size, lr):
     """Worker: `num_steps` SGD steps on `_small_mlp`; returns parameters.
@@ -984,6 +1018,8 @@ def local_batch_size(batch_size, world_size):
     """Each process's share of a global minibatch of `batch_size`.
 
     Defined in :numref:`sec_ddp_resnet`"""
+    d2l.check_count(batch_size, 'batch_size', 1)
+    d2l.check_count(world_size, 'world_size', 1)
     if batch_size < world_size or batch_size % world_size:
         below = max(world_size, batch_size - batch_size % world_size)
         raise ValueError(
@@ -1049,7 +1085,7 @@ def _ddp_epoch(net, optimizer, train_iter, device, world_size, epoch):
         loss_sum += float(loss) * len(y)
         n += len(y)
     loss_sum, n = _sum_over_ranks([loss_sum, n], device, world_size)
-    return loss_sum / n
+    return d2l.check_finite(loss_sum / n, f'_ddp_epoch in epoch {epoch + 1}')
 
 def batch_norm_statistics_demo(rank, world_size, init_method, num_steps):
     """Train a BN perceptron in DataParallel; running mean before, after.
@@ -1072,6 +1108,9 @@ def warmup_cosine_lr(lr, epoch, num_epochs, warmup=0, start=0.0):
     """Rate of `epoch`: from `start` to `lr` in `warmup` epochs, then down.
 
     Defined in :numref:`sec_ddp_resnet`"""
+    d2l.check_warmup(warmup, num_epochs)
+    d2l.check_count(warmup, 'warmup')
+    d2l.check_number(start, 'start')
     if epoch < warmup:
         return start + (lr - start) * epoch / warmup
     return d2l.cosine_lr(lr, epoch - warmup, num_epochs - warmup)
@@ -1105,6 +1144,8 @@ def train_ddp(rank, world_size, init_method, num_epochs, batch_size, lr,
     """Train d2l.resnet18 on Fashion-MNIST at global batch `batch_size`.
 
     Defined in :numref:`sec_ddp_resnet`"""
+    d2l.check_count(num_epochs, 'num_epochs', 1)
+    d2l.check_number(lr, 'lr')
     local_batch = local_batch_size(batch_size, world_size)
     with process_group(rank, world_size, init_method, local_rank=local_rank,
                        local_world_size=local_world_size) as device:
@@ -1138,21 +1179,9 @@ def timing_batch(global_batch):
     """The first `global_batch` training images and labels, for timing runs.
 
     Defined in :numref:`sec_ddp_resnet`"""
+    d2l.check_count(global_batch, 'global_batch', 1)
     return shard_of_batch(*fashion_mnist_tensors('train'), 0, 0, 1,
                           global_batch)
-
-def _use_threads(threads):
-    """On a CPU, let this process run `threads` threads on all usable cores.
-
-    Defined in :numref:`sec_ddp_resnet`"""
-    if threads > 1:
-        if hasattr(os, 'sched_setaffinity'):  # undo use_one_core's pinning
-            for thread in os.listdir('/proc/self/task'):
-                try:
-                    os.sched_setaffinity(int(thread), range(os.cpu_count()))
-                except OSError:  # a thread that ended meanwhile
-                    pass
-        _set_threads(threads)
 
 _set_threads = paddle.base.core.set_num_threads
 
@@ -1183,6 +1212,10 @@ def time_ddp(world_size, global_batch, num_steps, warmup=1, model_fn=None,
     """Seconds per step of `world_size` processes sharing `global_batch`.
 
     Defined in :numref:`sec_ddp_resnet`"""
+    d2l.check_count(global_batch, 'global_batch', 1)
+    d2l.check_count(num_steps, 'num_steps', 1)
+    d2l.check_count(warmup, 'warmup')
+    d2l.check_count(threads, 'threads', 1)
     local_batch_size(global_batch, world_size)  # fail here, not in a child
     init_method = _timing_rendezvous()
     with _environment(_thread_environment(threads)):
@@ -1197,7 +1230,7 @@ def _time_ddp_worker(rank, world_size, init_method, global_batch, num_steps,
     Defined in :numref:`sec_ddp_resnet`"""
     with process_group(rank, world_size, init_method) as device:
         if not num_gpus():
-            _use_threads(threads)
+            _use_threads(threads, _set_threads)
         net, optimizer = _timing_model(model_fn, device)
         X, y = shard_of_batch(*fashion_mnist_tensors('train'), 0, rank,
                               world_size, global_batch // world_size)
@@ -1223,19 +1256,6 @@ def _to_device(x, device):
 
 import math
 
-def _check_per_device(data, name):
-    """Reject an empty list or tensors of different shapes, naming the argument.
-
-    Defined in :numref:`sec_sharded_data_parallel`"""
-    if not isinstance(data, (list, tuple)):
-        raise ValueError(f'{name} must be a list with one tensor per device; '
-                         f'got {type(data).__name__}')
-    if len(data) == 0:
-        raise ValueError(f'{name} is empty; pass one tensor per device')
-    if any(tuple(x.shape) != tuple(data[0].shape) for x in data):
-        raise ValueError(f'{name} must hold tensors of one shape, got '
-                         f'{[tuple(x.shape) for x in data]}')
-
 def _flat(x):
     """`x` as a 1-D tensor outside any autograd graph.
 
@@ -1260,6 +1280,7 @@ def reduce_scatter(data):
     """Sum same-shaped tensors on k devices; device i gets shard i of it.
 
     Defined in :numref:`sec_sharded_data_parallel`"""
+    d2l.check_per_device(data, 'data')
     bounds = [0, *itertools.accumulate(
         shard_sizes(math.prod(data[0].shape), len(data)))]
     shards = []
@@ -1314,23 +1335,11 @@ def check_stage(stage):
     """Reject a ZeRO stage other than 0 (plain data parallelism), 1, 2 or 3.
 
     Defined in :numref:`sec_sharded_data_parallel`"""
-    if not d2l._is_int(stage) or not 0 <= stage <= 3:
-        raise ValueError(f'stage must be 0 (plain data parallelism), 1, 2 '
-                         f'or 3, got {stage!r}')
-
-def _check_zero_args(params, devices):
-    """Reject an empty parameter list or device list, saying what to pass.
-
-    Defined in :numref:`sec_sharded_data_parallel`"""
-    if not isinstance(params, (list, tuple)) or len(params) == 0:
-        raise ValueError('params must be a non-empty list of tensors, such '
-                         'as d2l.lenet_params()')
-    if not isinstance(devices, (list, tuple)) or len(devices) == 0:
-        raise ValueError('devices must be a non-empty list of devices, such '
-                         'as d2l.try_gpus(2)')
+    d2l.check(type(stage) is int and 0 <= stage <= 3, f'stage must be 0 '
+              f'(plain data parallelism), 1, 2 or 3, got {stage!r}')
 
 def _check_zero_states(states, devices, stage):
-    """Reject states that zero_init did not build for these devices and `stage`.
+    """Reject states that zero_init did not build for devices and stage.
 
     Defined in :numref:`sec_sharded_data_parallel`"""
     _check_zero_args(states, devices)
@@ -1342,7 +1351,8 @@ def _check_zero_states(states, devices, stage):
     own = shard_sizes(n, len(devices))[0]
     needed = (own if stage == 3 else n, own if stage >= 2 else n,
               own if stage >= 1 else n)
-    held = tuple(x.shape[0] for x in states[0].values())  # in zero_init's order
+    # in zero_init's order
+    held = tuple(x.shape[0] for x in states[0].values())
     if held != needed:
         raise ValueError(f'states hold {held} parameters, gradients and '
                          f'momentum on device 0, but stage {stage} needs '
@@ -1352,6 +1362,7 @@ def zero_init(params, devices, stage):
     """Each device's flat parameters, gradients, momentum for ZeRO `stage`.
 
     Defined in :numref:`sec_sharded_data_parallel`"""
+    d2l.check_zero_init(params, devices, stage)
     flat = _concat([_flat(p) for p in params])
     sizes = shard_sizes(flat.shape[0], len(devices))
     bounds = [0, *itertools.accumulate(sizes)]
@@ -1370,6 +1381,9 @@ def zero_step(X, y, states, devices, stage, lr, momentum=0.9):
     """One momentum-SGD step of LeNet on k devices with ZeRO `stage`.
 
     Defined in :numref:`sec_sharded_data_parallel`"""
+    d2l.check_zero_step(states, devices, stage)
+    d2l.check_number(lr, 'lr')
+    d2l.check_number(momentum, 'momentum', below=1)
     # stage 0 is plain data parallelism
     X_shards, y_shards = split_batch(X, y, devices)
     fulls = [s['params'] for s in states]
@@ -1436,6 +1450,7 @@ def split_stages(layers, num_stages):
     """Cut a list of layers into `num_stages` consecutive groups.
 
     Defined in :numref:`sec_pipeline`"""
+    d2l.check_count(num_stages, 'num_stages', 1)
     layers = list(layers)
     if num_stages > len(layers):
         raise ValueError(f'num_stages={num_stages} exceeds the {len(layers)} '
@@ -1447,6 +1462,9 @@ def pipeline_mlp(depth, width, seed=0):
     """An MLP on flat images as a list of `depth` blocks, 10 scores out.
 
     Defined in :numref:`sec_pipeline`"""
+    d2l.check_count(depth, 'depth', 1)
+    d2l.check_count(width, 'width', 1)
+    d2l.check_count(seed, 'seed')
     _manual_seed(seed)
     sizes = [784] + [int(width)] * (int(depth) - 1) + [10]
     return [nn.Sequential(nn.Linear(a, b), nn.ReLU()) if j < depth - 1
@@ -1457,12 +1475,16 @@ def bubble_fraction(num_stages, num_microbatches):
     """Idle share (p-1)/(m+p-1) of a pipeline of equal steps.
 
     Defined in :numref:`sec_pipeline`"""
+    d2l.check_count(num_stages, 'num_stages', 1)
+    d2l.check_count(num_microbatches, 'num_microbatches', 1)
     return (num_stages - 1) / (num_microbatches + num_stages - 1)
 
 def pipeline_schedule(kind, num_stages, num_microbatches):
     """Steps (stage, 'F' or 'B', micro-batch) of GPipe or 1F1B.
 
     Defined in :numref:`sec_pipeline`"""
+    d2l.check_count(num_stages, 'num_stages', 1)
+    d2l.check_count(num_microbatches, 'num_microbatches', 1)
     if kind not in ('gpipe', '1f1b'):
         raise ValueError(f"kind must be 'gpipe' or '1f1b', got {kind!r}")
     p, m = num_stages, num_microbatches
@@ -1479,6 +1501,8 @@ def check_schedule(schedule, num_stages, num_microbatches):
     """Refuse a schedule that misses, repeats or misorders a step.
 
     Defined in :numref:`sec_pipeline`"""
+    d2l.check_count(num_stages, 'num_stages', 1)
+    d2l.check_count(num_microbatches, 'num_microbatches', 1)
     p, m = num_stages, num_microbatches
     steps = {(s, op, i) for s in range(p) for op in 'FB' for i in range(m)}
     schedule = [tuple(t) if isinstance(t, (tuple, list)) else t
@@ -1538,6 +1562,7 @@ def run_stage(layers, stage, num_stages, steps, Xs, ys, device, send, recv):
     """Run one stage's steps (op, micro-batch); times, peak bytes, loss.
 
     Defined in :numref:`sec_pipeline`"""
+    d2l.check_stage_number(stage, num_stages)
     last, n = stage == num_stages - 1, sum(x.shape[0] for x in Xs)
     held, held_bytes, peak, loss, times = {}, 0, 0, 0.0, []
     for op, i in steps:
@@ -1568,6 +1593,7 @@ def split_microbatches(X, y, num_microbatches):
     """Cut a minibatch into `num_microbatches` nearly equal parts.
 
     Defined in :numref:`sec_pipeline`"""
+    d2l.check_count(num_microbatches, 'num_microbatches', 1)
     if num_microbatches > X.shape[0]:
         raise ValueError(f'num_microbatches={num_microbatches} exceeds the '
                          f'{X.shape[0]} examples of the minibatch')
@@ -1579,6 +1605,7 @@ def run_pipeline(stages, schedule, X, y, num_microbatches, timeout_s=60.0):
     """Run `schedule` with a thread per stage; times, peak bytes, loss.
 
     Defined in :numref:`sec_pipeline`"""
+    d2l.check_number(timeout_s, 'timeout_s')
     p = len(stages)
     check_schedule(schedule, p, num_microbatches)
     Xs, ys = split_microbatches(X, y, num_microbatches)
@@ -1635,6 +1662,8 @@ def time_pipeline(runs, num_stages, X, y, depth, width, timeout_s=60.0):
     """Run each (schedule, m) of `runs` with a process per stage.
 
     Defined in :numref:`sec_pipeline`"""
+    d2l.check_pipeline_runs(runs, num_stages, X, y, depth, width)
+    d2l.check_number(timeout_s, 'timeout_s')
     ranks = spawn_ranks(_pipeline_worker, num_stages, _rendezvous(), runs,
                         X.cpu().numpy(), y.cpu().numpy(), depth, width,
                         timeout_s)
@@ -1736,6 +1765,7 @@ def block_mlp(d, hidden, seed=0):
     """A transformer-style MLP block, d -> hidden -> ReLU -> d, from `seed`.
 
     Defined in :numref:`sec_tensor_parallelism`"""
+    d2l.check_mlp_sizes(d, hidden, seed)
     _manual_seed(seed)
     return nn.Sequential(nn.Linear(d, hidden), nn.ReLU(),
                          nn.Linear(hidden, d))
@@ -1763,6 +1793,8 @@ def mlp_data(batch_size, d, seed=0):
     """A random minibatch: inputs and targets, both batch_size x d.
 
     Defined in :numref:`sec_tensor_parallelism`"""
+    d2l.check_count(batch_size, 'batch_size', 1)
+    d2l.check_count(d, 'd', 1)
     rng = numpy.random.default_rng(seed)
     return [_from_numpy(rng.standard_normal((batch_size, d)).astype('float32'))
             for _ in range(2)]
@@ -1810,6 +1842,8 @@ def mesh_allreduces(dp, tp):
     """This rank's (data, tensor) CountingAllreduce in a dp x tp mesh.
 
     Defined in :numref:`sec_tensor_parallelism`"""
+    d2l.check_count(dp, 'dp', 1)
+    d2l.check_count(tp, 'tp', 1)
     _check_mesh(dp, tp, dist.get_world_size())
     rank, groups = dist.get_rank(), {}
     for i in range(dp):  # every rank creates every group, in this order
@@ -1847,24 +1881,28 @@ def ring_allreduce_time(num_bytes, k, alpha, beta):
     """Alpha-beta seconds of a ring allreduce of `num_bytes` over `k` ranks.
 
     Defined in :numref:`sec_cost_model`"""
+    d2l.check_cost_args(num_bytes, k, alpha, beta)
     return 2 * (k - 1) * (alpha + beta * num_bytes / k)
 
 def naive_allreduce_time(num_bytes, k, alpha, beta):
     """Alpha-beta seconds of a naive allreduce (all through device 0).
 
     Defined in :numref:`sec_cost_model`"""
+    d2l.check_cost_args(num_bytes, k, alpha, beta)
     return 2 * (k - 1) * (alpha + beta * num_bytes)
 
 def ps_pushpull_time(num_bytes, k, alpha, beta, servers=1):
     """Seconds of a push and a pull through `servers` parameter servers.
 
     Defined in :numref:`sec_cost_model`"""
+    d2l.check_ps_args(num_bytes, k, alpha, beta, servers)
     return 2 * (alpha + beta * num_bytes * max(1, k / servers))
 
 def fit_alpha_beta(num_bytes, seconds, k):
     """Ring-model alpha (s/message) and beta (s/byte) fitted to timings.
 
     Defined in :numref:`sec_cost_model`"""
+    d2l.check_timings(num_bytes, seconds, k)
     # the timings are allreduces over `k` processes
     num_bytes, seconds = list(num_bytes), list(seconds)
     w = [1 / t ** 2 for t in seconds]  # relative, not absolute, errors
@@ -1885,6 +1923,7 @@ def fit_ps_alpha_beta(num_bytes, seconds, k, servers=1):
     """Alpha and beta of the parameter-server model, fitted to timings.
 
     Defined in :numref:`sec_cost_model`"""
+    d2l.check_ps_fit(k, servers)
     # The same line t = a + b n: fit it as a ring of two, then convert.
     a2, b2 = fit_alpha_beta(num_bytes, seconds, 2)  # a = 2 a2, b = b2
     return a2, b2 / (2 * max(1, k / servers))
@@ -1893,6 +1932,7 @@ def ddp_buckets(num_bytes, bucket_cap_mb=25, first_bucket_mb=1):
     """Byte sizes of DDP's gradient buckets for `num_bytes` of gradients.
 
     Defined in :numref:`sec_cost_model`"""
+    d2l.check_buckets(num_bytes, bucket_cap_mb, first_bucket_mb)
     # parameter boundaries are ignored
     first = min(num_bytes, first_bucket_mb * 2 ** 20)
     buckets, rest = ([first] if first else []), num_bytes - first
@@ -1906,6 +1946,8 @@ def predict_step_time(t_compute, num_bytes, k, alpha, beta, cores=None,
     """Predicted seconds per micro-batch of a k-process DDP step.
 
     Defined in :numref:`sec_cost_model`"""
+    d2l.check_step_prediction(t_compute, num_bytes, k, alpha, beta, cores,
+                              threads, accumulate, overlap)
     # shared-core compute plus the allreduces that compute does not hide
     # Processes taking turns on the CPU's cores; None: a device per process.
     share = 1.0 if cores is None else max(1.0, k * threads / cores)
@@ -1918,6 +1960,8 @@ def predict_pipeline_time(t_stage, num_stages, num_microbatches,
     """Seconds per pipelined step: the bubble plus the sends that fill it.
 
     Defined in :numref:`sec_cost_model`"""
+    d2l.check_pipeline_prediction(t_stage, num_stages, num_microbatches,
+                                  message_bytes, alpha, beta)
     p, m = num_stages, num_microbatches
     return (m + p - 1) / m * t_stage + 2 * (p - 1) * (
         alpha + beta * message_bytes)
@@ -1927,6 +1971,8 @@ def predict_tensor_time(t_compute, k, activation_bytes, alpha, beta,
     """Seconds per tensor-parallel pass: compute/k plus 2 allreduces/block.
 
     Defined in :numref:`sec_cost_model`"""
+    d2l.check_tensor_prediction(t_compute, k, activation_bytes, alpha, beta,
+                                blocks)
     exchange = collective or ring_allreduce_time  # or ps_pushpull_time
     return t_compute / k + 2 * blocks * exchange(activation_bytes, k,
                                                  alpha, beta)
@@ -1947,6 +1993,7 @@ def time_tensor_parallel(k, d, hidden, batch_size, num_steps=2, reps=3):
     """Median seconds per pass of the whole MLP block and of its k parts.
 
     Defined in :numref:`sec_cost_model`"""
+    d2l.check_tensor_timing(k, d, hidden, batch_size, num_steps, reps)
     return _slowest_medians(spawn_ranks(
         _tp_timing_worker, k, _rendezvous(), d, hidden, batch_size,
         num_steps, reps))

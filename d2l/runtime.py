@@ -5,11 +5,9 @@ files, timing and argument checks: what the book's helpers rely on but
 do not teach. The appendix page "The Machinery of the d2l Package" states
 what it promises. Nothing here imports a deep-learning framework."""
 import contextlib
-import functools
 import gzip
 import hashlib
 import http.client
-import inspect
 import ipaddress
 import logging
 import math
@@ -30,48 +28,103 @@ import traceback
 import urllib.error
 import urllib.request
 
+# The check family: every check takes the value first, then the name the
+# caller knows it by, and raises an error that names it and what to pass.
+
+def check(ok, message):
+    """Raise ValueError with `message` (what to pass instead) unless `ok`."""
+    if not ok:
+        raise ValueError(message)
+
 
 def _is_int(value):
     """Whether `value` is an integer of any type, NumPy's too, but no bool."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def _check_count(value, name, least=0):
+def _is_count(value, least=0):
+    """Whether `value` is an integer (not a bool) of at least `least`."""
+    return _is_int(value) and value >= least
+
+
+def check_count(value, name, least=0):
     """Reject `value` unless it is an integer of at least `least`; name it."""
-    if not _is_int(value) or value < least:
+    if not _is_count(value, least):
         kind = {0: 'a non-negative integer', 1: 'a positive integer'}.get(
             least, f'an integer of at least {least}')
         raise ValueError(f'{name} must be {kind}, got {value!r}')
 
 
-def _check_positive_int(value, name):
-    """Reject `value` unless it is a positive integer, naming it as `name`."""
-    _check_count(value, name, 1)
+def check_number(value, name, positive=False, below=None):
+    """Reject `value` unless it is a finite number >= 0 (> 0, < `below`)."""
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) \
+        and math.isfinite(value) and value >= 0 and \
+        not (positive and value == 0) and (below is None or value < below)
+    if not ok:
+        least = 'positive' if positive else 'non-negative'
+        limit = '' if below is None else f' below {below}'
+        raise ValueError(f'{name} must be a finite {least} number{limit}, '
+                         f'got {value!r}')
 
 
-def _check_gpu_index(i):
+def check_arrays(value, name):
+    """Reject `value` unless it is a non-empty list of arrays."""
+    check(isinstance(value, (list, tuple)) and value, f'{name} must be a '
+          f'non-empty list of arrays; got {value!r:.60}')
+    for i, x in enumerate(value):
+        check(hasattr(x, 'shape'), f'{name}[{i}] is {x!r:.40}, not an array '
+              '(a gradient is None until a backward pass ran)')
+
+
+def check_devices(value, name='devices', allow_none=False):
+    """Reject an empty device list (or None, unless allowed)."""
+    if value is None and allow_none:
+        return
+    check(isinstance(value, (list, tuple)) and len(value) > 0,
+          f'{name} is empty or not a list ({value!r:.60}); pass at least '
+          'one device, e.g. d2l.try_gpus(1)')
+
+
+def check_batches(value, name):
+    """`value`'s minibatches; refuse a non-iterable now, an empty one at its end."""
+    if not hasattr(value, '__iter__'):
+        raise TypeError(f'{name} must be an iterable of (X, y) minibatches, '
+                        f'got {type(value).__name__}')
+
+    def batches():
+        num_examples = 0
+        for batch in value:
+            num_examples += len(batch[1])
+            yield batch
+        check(num_examples != 0, f'{name} yielded no examples; pass an '
+              'iterator with at least one non-empty minibatch')
+    return batches()
+
+
+def check_finite(value, name):
+    """The sum of `value` (a loss, or a list of them) as a float, if finite."""
+    values = value if isinstance(value, (list, tuple)) else [value]
+    total = sum(float(v.item() if hasattr(v, 'item') else v) for v in values)
+    if not math.isfinite(total):
+        raise FloatingPointError(
+            f'the training loss became {total} at the end of {name}, so '
+            f'training diverged; try a smaller learning rate (or a warm-up), and check '
+            f'that the inputs hold no nan or inf')
+    return total
+
+
+def check_gpu_index(i):
     """Reject a GPU index that is not a non-negative integer, saying so."""
     if not _is_int(i) or i < 0:
         raise ValueError(f'GPU index i must be a non-negative integer, got '
                          f'{i!r}')
 
 
-def _check_num_devices(num_devices, name='num_devices'):
+def check_num_devices(num_devices, name='num_devices'):
     """Reject a device count that is not a positive integer, saying so."""
     if not _is_int(num_devices) or num_devices < 1:
         raise ValueError(f'{name} must be a positive integer (the number of '
                          f'model copies), got {num_devices!r}')
-
-
-def _check_rate(value, name, below=None):
-    """Reject a rate that is not a finite number >= 0 (and < `below`)."""
-    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) \
-        and math.isfinite(value) and value >= 0 and \
-        (below is None or value < below)
-    if not ok:
-        limit = '' if below is None else f' below {below}'
-        raise ValueError(f'{name} must be a finite non-negative number'
-                         f'{limit}, got {value!r}')
 
 
 def _labels_and_predictions(y_hat, y, argmax):
@@ -117,7 +170,7 @@ def _fraction_correct(counts, data_iter):
 
 def _check_sgd(params, lr, batch_size):
     """Reject arguments of `sgd` that would corrupt the parameters; say why."""
-    _check_rate(lr, 'lr')
+    check_number(lr, 'lr')
     if isinstance(batch_size, bool) or not isinstance(
             batch_size, numbers.Real) or not 0 < batch_size < math.inf:
         raise ValueError(f'batch_size must be a positive number (the '
@@ -130,18 +183,6 @@ def _check_sgd(params, lr, batch_size):
                 f'params[{i}] has no gradient: compute the loss from it and '
                 f'call backward() before sgd (in MXNet, attach_grad() first)')
     return params
-
-
-def _check_loss(losses, where):
-    """The sum of `losses` as a float; an error naming `where` if infinite."""
-    values = losses if isinstance(losses, (list, tuple)) else [losses]
-    total = sum(float(v.item() if hasattr(v, 'item') else v) for v in values)
-    if not math.isfinite(total):
-        raise FloatingPointError(
-            f'the training loss became {total} at {where}, so training '
-            f'diverged; try a smaller learning rate (or a warm-up), and check '
-            f'that the inputs hold no nan or inf')
-    return total
 
 
 def _points(x, y, curves):
@@ -159,7 +200,7 @@ def _points(x, y, curves):
 
 def _check_loader_args(batch_size, resize):
     """The batch size and (height, width) as ints, or an error saying why."""
-    _check_positive_int(batch_size, 'batch_size')
+    check_count(batch_size, 'batch_size', 1)
     if resize is None:
         return int(batch_size), None
     size = (resize, resize) if _is_int(resize) else resize
@@ -429,7 +470,7 @@ def read_idx_file(name):
 
 def balanced_subset(labels, per_class):
     """Indices of the first `per_class` examples of each class (file order)."""
-    _check_positive_int(per_class, 'per_class')
+    check_count(per_class, 'per_class', 1)
     picks = [(labels == c).nonzero()[0][:per_class].tolist()
              for c in sorted(set(labels.tolist()))]
     return sorted(i for pick in picks for i in pick)
@@ -464,14 +505,16 @@ def describe_mode(quick, n_train, n_test):
             f'test images')
 
 
-_rank_report_dir = None  # set in the processes that spawn_ranks starts
+# What spawn_ranks or a launcher told this process: the folder its failure
+# report goes to (_start_rank), and a launcher's --timeout (launcher_deadline).
+_PROCESS = {'report_dir': None, 'launcher_timeout_s': None}
 
 
 def _record_rank_failure(rank):
     """In a process of spawn_ranks, record the exception handled, if first."""
-    if _rank_report_dir is None:
+    if _PROCESS['report_dir'] is None:
         return
-    path = os.path.join(_rank_report_dir, f'rank{rank}.error')
+    path = os.path.join(_PROCESS['report_dir'], f'rank{rank}.error')
     if not os.path.exists(path):  # the first error is the cause
         with open(path + '.part', 'w') as f:
             f.write(f'{time.time()!r}\n{traceback.format_exc()}')
@@ -571,8 +614,7 @@ def _die_with_parent(parent_pid):
 
 def _start_rank(rank, out_dir, parent_pid, env, keep=()):
     """Prepare a new process: take `env`, log to out_dir, die with parent."""
-    global _rank_report_dir
-    _rank_report_dir = out_dir
+    _PROCESS['report_dir'] = out_dir
     _take_environment(env, keep)
     log = os.open(os.path.join(out_dir, f'rank{rank}.log'),
                   os.O_WRONLY | os.O_CREAT | os.O_APPEND)
@@ -705,166 +747,75 @@ def _wait_for_ranks(processes, out_dir, silence_s, servers=()):
             [p.sentinel for p in [*processes, *servers]], 0.2)
 
 
-_RULES = dict(  # rule name -> check of one argument, given value and name
-    positive=lambda value, name: _check_positive_int(value, name),
-    count=lambda value, name: _check_count(value, name),
-    rate=lambda value, name: _check_rate(value, name),
-    momentum=lambda value, name: _check_rate(value, name, below=1),
-    devices=lambda value, name: _check_devices(value),
-    devices_or_none=lambda value, name: value is None or
-    _check_devices(value),
-    seed=lambda value, name: _check_seed(value),
-    arrays=lambda value, name: _check_arrays(value, name))
-
-
-def _nonempty(data_iter, name):
-    """Iterate over `data_iter`; fail at its end if it gave no example."""
-    num_examples = 0
-    for batch in data_iter:
-        num_examples += len(batch[1])
-        yield batch
-    _check_examples(num_examples, name)
-
-
-def _checked(fn, check=None, batches=(), finite=False, **rules):
-    """`fn`, checking its arguments by `rules` and `check` on every call."""
-    # check: called with the arguments its parameters name; batches: names
-    # of iterables of minibatches; finite: the returned loss (or the first
-    # item returned) must be finite
-    signature = inspect.signature(fn)
-    names = [] if check is None else list(inspect.signature(check).parameters)
-
-    @functools.wraps(fn)
-    def checked(*args, **kwargs):
-        bound = signature.bind(*args, **kwargs)
-        bound.apply_defaults()
-        values = bound.arguments
-        for name, rule in rules.items():
-            _RULES[rule](values[name], name)
-        if check is not None:
-            check(**{name: values[name] for name in names if name in values})
-        for name in batches:
-            _check_batches(values[name], name)
-            values[name] = _nonempty(values[name], name)
-        result = fn(*bound.args, **bound.kwargs)
-        if finite and result is not None:
-            epoch = values.get('epoch')
-            where = f'the end of {fn.__name__}' + (
-                '' if epoch is None else f' in epoch {epoch + 1}')
-            _check_loss(result[0] if isinstance(result, tuple)
-                            else result, where)
-        return result
-    return checked
-
-
-def _require(ok, message):
-    """Raise ValueError with `message` (what to pass instead) unless `ok`."""
-    if not ok:
-        raise ValueError(message)
-
-
-def _is_count(value, least=0):
-    """Whether `value` is an integer (not a bool) of at least `least`."""
-    return _is_int(value) and value >= least
-
-
 def _check_seed(seed):
     """Raise ValueError, saying what to pass, unless `seed` is a non-negative integer."""
-    _require(_is_count(seed), f'seed must be a non-negative integer such as 0; got {seed!r}')
+    check(_is_count(seed), f'seed must be a non-negative integer such as 0; got {seed!r}')
 
 
-def _check_scores_and_labels(y_hat, y):
+def check_scores_and_labels(y_hat, y):
     """Raise ValueError, saying what to pass, unless `y` holds one class per row of `y_hat`."""
-    _require(len(y_hat.shape) == 2, 'y_hat must hold one row of class scores per '
+    check(len(y_hat.shape) == 2, 'y_hat must hold one row of class scores per '
              f'example, shape (examples, classes); got {tuple(y_hat.shape)}')
     n, num_classes = y_hat.shape
-    _require(tuple(y.shape) in ((n,), (n, 1)), 'y must hold one label per row of '
+    check(tuple(y.shape) in ((n,), (n, 1)), 'y must hold one label per row of '
              f'y_hat, shape ({n},); got shape {tuple(y.shape)}')
     # MXNet clips labels out of range, Paddle reads negative ones from the end
     low, high = (int(y.min()), int(y.max())) if n else (0, 0)
-    _require(0 <= low and high < num_classes, f'y holds labels from {low} to '
+    check(0 <= low and high < num_classes, f'y holds labels from {low} to '
              f'{high}, but y_hat scores classes 0 to {num_classes - 1}; pass '
              'labels in that range')
 
 
-def _check_arrays(arrays, name):
-    """Raise ValueError, saying what to pass, unless `arrays` is a non-empty list of arrays."""
-    _require(isinstance(arrays, (list, tuple)) and arrays, f'{name} must be a '
-             f'non-empty list of arrays; got {arrays!r:.60}')
-    for i, x in enumerate(arrays):
-        _require(hasattr(x, 'shape'), f'{name}[{i}] is {x!r:.40}, not an array '
-                 '(a gradient is None until a backward pass ran)')
-
-
-def _check_reduce_args(data, devices):
+def check_reduce_args(data, devices):
     """Raise ValueError, saying what to pass, unless `data` and `devices` suit an allreduce."""
-    _check_arrays(data, 'data')
+    check_arrays(data, 'data')
     shapes = [tuple(x.shape) for x in data]
-    _require(all(shape == shapes[0] for shape in shapes), f'data holds arrays of '
+    check(all(shape == shapes[0] for shape in shapes), f'data holds arrays of '
              f'different shapes {shapes}; pass the same-shaped arrays of one '
              'parameter, one per device')
-    _require(devices is None or (isinstance(devices, (list, tuple)) and len(
+    check(devices is None or (isinstance(devices, (list, tuple)) and len(
         devices) == len(data)), 'devices must be a list with one device per '
         f'array of data ({len(data)}), or None; got {devices!r:.60}')
 
 
-def _check_split(X, y, devices):
+def check_split(X, y, devices):
     """Raise ValueError, saying what to change, if a batch cannot be split over the devices."""
     for name, a in (('X', X), ('y', y)):
-        _require(len(getattr(a, 'shape', ())), f'{name} must be an array with '
+        check(len(getattr(a, 'shape', ())), f'{name} must be an array with '
                  f'one row per example; got {a!r:.60}')
-    _require(isinstance(devices, (list, tuple)), 'devices must be a list of '
+    check(isinstance(devices, (list, tuple)), 'devices must be a list of '
              f'devices such as d2l.try_gpus(2); got {devices!r:.60}')
     n, k = X.shape[0], len(devices)
-    _require(n == y.shape[0], f'X holds {n} examples but y holds {y.shape[0]} '
+    check(n == y.shape[0], f'X holds {n} examples but y holds {y.shape[0]} '
              'labels; pass one label per example')
-    _require(k >= 1, 'devices is empty; pass at least one device, e.g. d2l.try_gpus(1)')
-    _require(n >= k, f'cannot split {n} examples over {k} devices, each needs at '
+    check(k >= 1, 'devices is empty; pass at least one device, e.g. d2l.try_gpus(1)')
+    check(n >= k, f'cannot split {n} examples over {k} devices, each needs at '
              f'least one; use a batch of at least {k} examples or fewer devices')
 
 
-def _check_replicas(device_params, devices):
+def check_replicas(device_params, devices):
     """Raise ValueError, saying what to pass, unless there is one replica per device."""
     for name, value in (('device_params', device_params), ('devices', devices)):
-        _require(isinstance(value, (list, tuple)), f'{name} must be a list, one '
+        check(isinstance(value, (list, tuple)), f'{name} must be a list, one '
                  f'entry per device; got {value!r:.60}')
-    _require(len(device_params) == len(devices), f'device_params holds '
+    check(len(device_params) == len(devices), f'device_params holds '
              f'{len(device_params)} replicas but devices names {len(devices)} '
              'devices; build one replica per device with get_params')
 
 
-def _check_resnet_args(num_classes, in_channels):
+def check_resnet_args(num_classes, in_channels):
     """Reject a class or channel count that is not a positive integer, saying which."""
     for name, value in (('num_classes', num_classes), ('in_channels', in_channels)):
-        _require(_is_count(value, 1),
+        check(_is_count(value, 1),
                      f'{name} must be a positive integer, got {value!r}')
 
 
-def _check_devices(devices):
-    """Reject an empty device list, saying how to get one."""
-    _require(devices, f'devices is empty ({devices!r}); pass at least one '
-                 'device, e.g. d2l.try_gpus(1)')
-
-
-def _check_batches(data_iter, name):
-    """Say that argument `name` is no iterable, unless it is one."""
-    if not hasattr(data_iter, '__iter__'):
-        raise TypeError(f'{name} must be an iterable of (X, y) minibatches, '
-                        f'got {type(data_iter).__name__}')
-
-
-def _check_examples(num_examples, name):
-    """Reject an iterator `name` that yielded no examples."""
-    _require(num_examples != 0, f'{name} yielded no examples; pass an '
-                 'iterator with at least one non-empty minibatch')
-
-
-def _check_step(X, y, devices):
+def check_step(X, y, devices):
     """Reject a minibatch or device list that a training step cannot use."""
-    _check_devices(devices)
-    _require(X.shape[0] == y.shape[0], f'X holds {X.shape[0]} examples but '
+    check_devices(devices)
+    check(X.shape[0] == y.shape[0], f'X holds {X.shape[0]} examples but '
                  f'y holds {y.shape[0]} labels; pass one label per example')
-    _require(X.shape[0] > 0, 'X is an empty minibatch; pass at least one example')
+    check(X.shape[0] > 0, 'X is an empty minibatch; pass at least one example')
 
 
 def _check_model(net, kind, kind_name):
@@ -874,21 +825,21 @@ def _check_model(net, kind, kind_name):
                         f'{type(net).__name__}; pass e.g. d2l.resnet18(10)')
 
 
-def _check_warmup(warmup, num_epochs):
+def check_warmup(warmup, num_epochs):
     """Reject a warm-up that is not shorter than the run, saying so."""
-    _require(warmup < num_epochs, f'warmup must be below num_epochs, '
+    check(warmup < num_epochs, f'warmup must be below num_epochs, '
                  f'got warmup={warmup!r}, num_epochs={num_epochs!r}')
 
 
-def _check_epoch(epoch, num_epochs):
+def check_epoch(epoch, num_epochs):
     """Reject an epoch outside [0, num_epochs), or a bad num_epochs, saying so."""
-    _require(_is_count(num_epochs, 1) and _is_count(epoch)
+    check(_is_count(num_epochs, 1) and _is_count(epoch)
                  and epoch < num_epochs, f'epoch must be an integer in '
                  f'[0, num_epochs) and num_epochs a positive integer, got '
                  f'epoch={epoch!r}, num_epochs={num_epochs!r}')
 
 
-def _check_rank(rank, world_size, what='rank'):
+def check_rank(rank, world_size, what='rank'):
     """Reject a world size below 1 or a rank outside 0..world_size-1, naming the culprit."""
     size = what.replace('rank', 'world_size')  # local_rank: local_world_size
     for name, value in ((size, world_size), (what, rank)):
@@ -926,7 +877,6 @@ def _check_timeout(timeout_s, name='timeout_s'):
                          f'None, got {timeout_s!r}')
 
 
-_launcher_timeout_s = None  # a launcher script's --timeout: launcher_deadline
 
 
 def _loopback_interface():
@@ -1012,7 +962,7 @@ def _interleave(orders):
     return schedule
 
 
-def _check_stage_number(stage, num_stages):
+def check_stage_number(stage, num_stages):
     """Refuse a stage outside 0..num_stages-1, naming both."""
     if not (_is_int(stage) and _is_int(num_stages)
             and 0 <= stage < num_stages):
@@ -1061,11 +1011,11 @@ def _check_row_input(got, expected, k):
             f'the same {k} ranks')
 
 
-def _check_mlp_sizes(d, hidden, seed):
+def check_mlp_sizes(d, hidden, seed):
     """Reject sizes below 1 and seeds below 0, naming the argument."""
     for name, value, least in (('d', d, 1), ('hidden', hidden, 1),
                                ('seed', seed, 0)):
-        _check_count(value, name, least)
+        check_count(value, name, least)
 
 
 def _check_mesh(dp, tp, world_size):
@@ -1075,55 +1025,39 @@ def _check_mesh(dp, tp, world_size):
                          f'world, got dp={dp} and tp={tp}')
 
 
-def _check_number(name, value, positive=False):
-    """Reject a value that is not a finite number >= 0 (> 0 if `positive`)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) \
-            or not math.isfinite(value) or value < 0 \
-            or (positive and value == 0):
-        raise ValueError(f'{name} must be a finite number '
-                         f'{"> 0" if positive else ">= 0"}, got {value!r}')
-
-
-def _check_int(name, value, low, why=''):
-    """Reject a value that is not an int >= `low`, naming it."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) \
-            or value < low:
-        raise ValueError(f'{name} must be an int >= {low}{why}, got {value!r}')
-
-
-def _check_cost_args(num_bytes, k, alpha, beta):
+def check_cost_args(num_bytes, k, alpha, beta):
     """Reject negative or infinite sizes or times, and k below 1."""
     for name, value in (('num_bytes', num_bytes), ('alpha', alpha),
                         ('beta', beta)):
-        _check_number(name, value)
-    _check_int('k (the number of processes)', k, 1)
+        check_number(value, name)
+    check_count(k, 'k (the number of processes)', 1)
 
 
 def _check_world_of_two(world_size):
     """Reject a world size below 2: one process has nothing to allreduce."""
-    _check_int('world_size', world_size, 2, ' (one process sends nothing)')
+    check_count(world_size, 'world_size', 2, ' (one process sends nothing)')
 
 
-def _check_timings(num_bytes, seconds, k):
+def check_timings(num_bytes, seconds, k):
     """Reject timings that fit_alpha_beta cannot fit a line to, saying why."""
-    _check_int('k', k, 2, ' (one process sends nothing)')
+    check_count(k, 'k', 2, ' (one process sends nothing)')
     if len(num_bytes) != len(seconds) or len(set(num_bytes)) < 2:
         raise ValueError('num_bytes and seconds must have the same length, '
                          'and num_bytes needs at least two different sizes '
                          f'to fit a line; got {num_bytes!r} and {seconds!r}')
     for name, values in (('num_bytes', num_bytes), ('seconds', seconds)):
         for v in values:
-            _check_number(name, v, positive=True)
+            check_number(v, name, positive=True)
 
 
 def _check_step_args(t_compute, cores, threads, accumulate, overlap):
     """Reject non-positive arguments of predict_step_time, or an overlap
     outside [0, 1]."""
-    _check_number('t_compute', t_compute, positive=True)
+    check_number(t_compute, 't_compute', positive=True)
     for name, value in (('threads', threads), ('accumulate', accumulate),
                         ('cores', 1 if cores is None else cores)):
-        _check_int(name, value, 1)
-    _check_number('overlap (the hidden fraction of the allreduce)', overlap)
+        check_count(value, name, 1)
+    check_number(overlap, 'overlap (the hidden fraction of the allreduce)')
     if overlap > 1:
         raise ValueError(f'overlap must be at most 1, got {overlap!r}')
 
@@ -1132,8 +1066,8 @@ def _check_sizes(sizes, reps):
     """Reject an empty or non-positive list of byte sizes, or reps below 1."""
     sizes = list(sizes) or [None]
     for n in sizes:
-        _check_int('sizes (a non-empty list of bytes of float32)', n, 4)
-    _check_int('reps', reps, 1)
+        check_count(n, 'sizes (a non-empty list of bytes of float32)', 4)
+    check_count(reps, 'reps', 1)
     return sizes
 
 
@@ -1158,57 +1092,57 @@ def _slowest_medians(per_process):
     return [statistics.median(col) for col in zip(*rounds)]
 
 
-def _check_ps_args(num_bytes, k, alpha, beta, servers):
+def check_ps_args(num_bytes, k, alpha, beta, servers):
     """The checks of ps_pushpull_time."""
-    _check_cost_args(num_bytes, k, alpha, beta)
-    _check_int('servers', servers, 1)
+    check_cost_args(num_bytes, k, alpha, beta)
+    check_count(servers, 'servers', 1)
 
 
-def _check_ps_fit(k, servers):
+def check_ps_fit(k, servers):
     """The checks of fit_ps_alpha_beta."""
-    _check_int('k (the number of workers)', k, 1)
-    _check_int('servers', servers, 1)
+    check_count(k, 'k (the number of workers)', 1)
+    check_count(servers, 'servers', 1)
 
 
-def _check_buckets(num_bytes, bucket_cap_mb, first_bucket_mb):
+def check_buckets(num_bytes, bucket_cap_mb, first_bucket_mb):
     """The checks of ddp_buckets."""
-    _check_cost_args(num_bytes, 1, 0, 0)
-    _check_number('bucket_cap_mb', bucket_cap_mb, positive=True)
-    _check_number('first_bucket_mb', first_bucket_mb, positive=True)
+    check_cost_args(num_bytes, 1, 0, 0)
+    check_number(bucket_cap_mb, 'bucket_cap_mb', positive=True)
+    check_number(first_bucket_mb, 'first_bucket_mb', positive=True)
 
 
-def _check_step_prediction(t_compute, num_bytes, k, alpha, beta, cores,
+def check_step_prediction(t_compute, num_bytes, k, alpha, beta, cores,
                            threads, accumulate, overlap):
     """The checks of predict_step_time."""
-    _check_cost_args(num_bytes, k, alpha, beta)
+    check_cost_args(num_bytes, k, alpha, beta)
     _check_step_args(t_compute, cores, threads, accumulate, overlap)
 
 
-def _check_pipeline_prediction(t_stage, num_stages, num_microbatches,
+def check_pipeline_prediction(t_stage, num_stages, num_microbatches,
                                message_bytes, alpha, beta):
     """The checks of predict_pipeline_time."""
-    _check_int('num_stages', num_stages, 1)
-    _check_cost_args(message_bytes, num_stages, alpha, beta)
-    _check_number('t_stage', t_stage, positive=True)
-    _check_int('num_microbatches', num_microbatches, 1)
+    check_count(num_stages, 'num_stages', 1)
+    check_cost_args(message_bytes, num_stages, alpha, beta)
+    check_number(t_stage, 't_stage', positive=True)
+    check_count(num_microbatches, 'num_microbatches', 1)
 
 
-def _check_tensor_prediction(t_compute, k, activation_bytes, alpha, beta,
+def check_tensor_prediction(t_compute, k, activation_bytes, alpha, beta,
                              blocks):
     """The checks of predict_tensor_time."""
-    _check_cost_args(activation_bytes, k, alpha, beta)
-    _check_number('t_compute', t_compute, positive=True)
-    _check_int('blocks', blocks, 1)
+    check_cost_args(activation_bytes, k, alpha, beta)
+    check_number(t_compute, 't_compute', positive=True)
+    check_count(blocks, 'blocks', 1)
 
 
-def _check_tensor_timing(k, d, hidden, batch_size, num_steps, reps):
+def check_tensor_timing(k, d, hidden, batch_size, num_steps, reps):
     """The checks of time_tensor_parallel."""
-    _check_int('k', k, 2, ' (one process splits nothing)')
-    _check_int('hidden', hidden, k, ' (a hidden unit per process)')
-    _check_mlp_sizes(d, hidden, 0)
-    _check_int('batch_size', batch_size, 1)
+    check_count(k, 'k', 2, ' (one process splits nothing)')
+    check_count(hidden, 'hidden', k, ' (a hidden unit per process)')
+    check_mlp_sizes(d, hidden, 0)
+    check_count(batch_size, 'batch_size', 1)
     _check_sizes([4], reps)
-    _check_int('num_steps', num_steps, 1)
+    check_count(num_steps, 'num_steps', 1)
 
 
 # Quick mode's data: the first images of each class of each split.
@@ -1240,6 +1174,68 @@ def fashion_mnist_arrays(split, quick):
     return images, labels.astype('int64')
 
 
+def check_per_device(data, name):
+    """Reject an empty list, or tensors of different shapes; name `name`."""
+    if not isinstance(data, (list, tuple)):
+        raise ValueError(f'{name} must be a list with one tensor per device; '
+                         f'got {type(data).__name__}')
+    if len(data) == 0:
+        raise ValueError(f'{name} is empty; pass one tensor per device')
+    if any(tuple(x.shape) != tuple(data[0].shape) for x in data):
+        raise ValueError(f'{name} must hold tensors of one shape, got '
+                         f'{[tuple(x.shape) for x in data]}')
 
 
-__all__ = ['QUICK_PER_CLASS', 'fashion_mnist_arrays', '_is_int', '_check_count', '_check_positive_int', '_check_gpu_index', '_check_num_devices', '_check_rate', '_labels_and_predictions', '_minibatches', '_fraction_correct', '_check_sgd', '_check_loss', '_points', '_check_loader_args', 'use_svg_display', 'in_notebook', 'add_to_class', '_pin_threads', '_usable_cores', 'FASHION_MNIST_SHA256', 'FASHION_MNIST_MIRROR', 'FASHION_MNIST_SYSTEM_DIR', 'DatasetError', 'fashion_mnist_dirs', '_SAID', '_say_once', '_unpack_and_check', '_find_idx_file', 'DOWNLOAD_WAIT_S', '_lock_or_wait', '_FileLock', '_check_download_dir', '_write_atomically', '_download_fashion_mnist', 'read_idx_file', 'balanced_subset', 'subset_per_class', '_FASHION_MNIST_CACHE', 'describe_mode', '_rank_report_dir', '_record_rank_failure', '_collect_results', '_check_worker', '_check_main_guard', '_quiet_logger', '_fork_server', '_take_environment', '_die_with_parent', '_start_rank', '_finish_rank', '_rank_failure', '_stop_processes', '_join_ranks', '_heartbeat', '_wait_for_ranks', '_RULES', '_nonempty', '_checked', '_require', '_is_count', '_check_seed', '_check_scores_and_labels', '_check_arrays', '_check_reduce_args', '_check_split', '_check_replicas', '_check_resnet_args', '_check_devices', '_check_batches', '_check_examples', '_check_step', '_check_model', '_check_warmup', '_check_epoch', '_check_rank', '_int_from_env', '_check_timeout', '_launcher_timeout_s', '_loopback_interface', '_environment', '_is_loopback', '_WATCHDOG', 'ddp_script_path', '_needs', '_interleave', '_check_stage_number', '_queue_link', '_merge', '_shard_axes', '_check_row_input', '_check_mlp_sizes', '_check_mesh', '_check_number', '_check_int', '_check_cost_args', '_check_world_of_two', '_check_timings', '_check_step_args', '_check_sizes', '_alternating_rounds', '_slowest_medians', '_check_ps_args', '_check_ps_fit', '_check_buckets', '_check_step_prediction', '_check_pipeline_prediction', '_check_tensor_prediction', '_check_tensor_timing']
+def _check_zero_args(params, devices):
+    """Reject an empty parameter list or device list, saying what to pass."""
+    if not isinstance(params, (list, tuple)) or len(params) == 0:
+        raise ValueError('params must be a non-empty list of tensors, such '
+                         'as d2l.lenet_params()')
+    if not isinstance(devices, (list, tuple)) or len(devices) == 0:
+        raise ValueError('devices must be a non-empty list of devices, such '
+                         'as d2l.try_gpus(2)')
+
+
+def _use_threads(threads, set_threads):
+    """On a CPU, let this process run `threads` threads on all usable cores."""
+    if threads > 1:
+        if hasattr(os, 'sched_setaffinity'):  # undo use_one_core's pinning
+            for thread in os.listdir('/proc/self/task'):
+                try:
+                    os.sched_setaffinity(int(thread), range(os.cpu_count()))
+                except OSError:  # a thread that ended meanwhile
+                    pass
+        set_threads(threads)
+
+
+__all__ = [
+    'check', '_is_int', '_is_count', 'check_count', 'check_number',
+    'check_arrays', 'check_devices', 'check_batches', 'check_finite',
+    'check_gpu_index', 'check_num_devices', '_labels_and_predictions',
+    '_minibatches', '_fraction_correct', '_check_sgd', '_points',
+    '_check_loader_args', 'use_svg_display', 'in_notebook', 'add_to_class',
+    '_pin_threads', '_usable_cores', 'FASHION_MNIST_SHA256',
+    'FASHION_MNIST_MIRROR', 'FASHION_MNIST_SYSTEM_DIR', 'DatasetError',
+    'fashion_mnist_dirs', '_SAID', '_say_once', '_unpack_and_check',
+    '_find_idx_file', 'DOWNLOAD_WAIT_S', '_lock_or_wait', '_FileLock',
+    '_check_download_dir', '_write_atomically', '_download_fashion_mnist',
+    'read_idx_file', 'balanced_subset', 'subset_per_class',
+    '_FASHION_MNIST_CACHE', 'describe_mode', '_PROCESS',
+    '_record_rank_failure', '_collect_results', '_check_worker',
+    '_check_main_guard', '_quiet_logger', '_fork_server', '_take_environment',
+    '_die_with_parent', '_start_rank', '_finish_rank', '_rank_failure',
+    '_stop_processes', '_join_ranks', '_heartbeat', '_wait_for_ranks',
+    '_check_seed', 'check_scores_and_labels', 'check_reduce_args',
+    'check_split', 'check_replicas', 'check_resnet_args', 'check_step',
+    '_check_model', 'check_warmup', 'check_epoch', 'check_rank',
+    '_int_from_env', '_check_timeout', '_loopback_interface', '_environment',
+    '_is_loopback', '_WATCHDOG', 'ddp_script_path', '_needs', '_interleave',
+    'check_stage_number', '_queue_link', '_merge', '_shard_axes',
+    '_check_row_input', 'check_mlp_sizes', '_check_mesh', 'check_cost_args',
+    '_check_world_of_two', 'check_timings', '_check_step_args', '_check_sizes',
+    '_alternating_rounds', '_slowest_medians', 'check_ps_args', 'check_ps_fit',
+    'check_buckets', 'check_step_prediction', 'check_pipeline_prediction',
+    'check_tensor_prediction', 'check_tensor_timing', 'QUICK_PER_CLASS',
+    'fashion_mnist_arrays', 'check_per_device', '_check_zero_args',
+    '_use_threads',
+]

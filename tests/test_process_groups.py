@@ -187,10 +187,10 @@ def test_bad_ranks_and_missing_launcher_are_named(ddp, framework, monkeypatch):
 
 
 def test_ranks_given_as_numpy_integers_are_accepted(ddp):
-    ddp._check_rank(np.int64(1), np.int32(2))
-    ddp._check_rank(1, 2, 'local_rank')
+    ddp.check_rank(np.int64(1), np.int32(2))
+    ddp.check_rank(1, 2, 'local_rank')
     with pytest.raises(ValueError, match='rank must be an integer'):
-        ddp._check_rank(np.float64(1), 2)
+        ddp.check_rank(np.float64(1), 2)
 
 
 LAUNCHER_ENV = {
