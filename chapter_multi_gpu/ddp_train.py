@@ -35,9 +35,9 @@ def main():
                              '(default: %(default)g)')
     args = parser.parse_args()
     try:  # before any process waits for another
-        d2l._check_positive_int(args.epochs, '--epochs')
-        d2l._check_positive_int(args.batch_size, '--batch-size')
-        d2l._check_rate(args.lr, '--lr')
+        d2l.check_count(args.epochs, '--epochs', 1)
+        d2l.check_count(args.batch_size, '--batch-size', 1)
+        d2l.check_number(args.lr, '--lr')
     except ValueError as err:
         parser.error(str(err))
     if not 0 < args.timeout < float('inf'):

@@ -132,9 +132,6 @@ def check_model_kind(net):
     d2l._check_model(net, gluon.Block, 'gluon.Block')
 
 
-_check_concise_step = check_step
-
-
 def check_zero_init(params, devices, stage):
     """Reject a ZeRO stage, or an empty parameter or device list."""
     d2l.check_stage(stage)
@@ -448,18 +445,23 @@ def _tp_timing_worker(rank, world_size, init_method, d, hidden, batch_size,
         return [[s / num_steps for s in row] for row in seconds]
 
 
+def ddp_script_path(framework=None):
+    """Path of the book's launcher script for 'torch', 'mxnet', 'paddle'."""
+    return _script_path('mxnet' if framework is None else framework)
+
+
 __all__ = [
     '_device_name', '_device_names', '_one_thread', '_batchify_resized',
     '_worker_context', '_free_ports', '_start_servers', '_serve',
-    'check_lenet_args', 'check_model_kind', '_check_concise_step',
-    'check_zero_init', 'check_zero_step', '_run_rank', '_stand_down',
-    '_rendezvous_address', '_JOB', '_job_store', '_leave_failed_worker',
-    '_join_deadline', '_waiting_init_params', 'check_pipeline_runs',
-    '_stage_shapes', '_tp_slice', '_to_numpy', '_parameter', '_from_numpy',
-    '_stores', '_dist_store', '_group', '_check_arrangement',
-    '_tp_wrong_worker', 'time_all_reduce', '_all_reduce_worker',
-    '_all_reduce_rounds', 'cost_model_net', 'gradient_bytes', 'time_compute',
-    '_compute_worker', '_tp_barrier', '_rendezvous', '_tp_timing_worker',
+    'check_lenet_args', 'check_model_kind', 'check_zero_init',
+    'check_zero_step', '_run_rank', '_stand_down', '_rendezvous_address',
+    '_JOB', '_job_store', '_leave_failed_worker', '_join_deadline',
+    '_waiting_init_params', 'check_pipeline_runs', '_stage_shapes',
+    '_tp_slice', '_to_numpy', '_parameter', '_from_numpy', '_stores',
+    '_dist_store', '_group', '_check_arrangement', '_tp_wrong_worker',
+    'time_all_reduce', '_all_reduce_worker', '_all_reduce_rounds',
+    'cost_model_net', 'gradient_bytes', 'time_compute', '_compute_worker',
+    '_tp_barrier', '_rendezvous', '_tp_timing_worker', 'ddp_script_path',
 ]
 
 # Last: the generated module imports this one at its top.

@@ -9,6 +9,7 @@ import multiprocessing.connection
 import numpy
 import numpy as np
 import os
+import queue
 import paddle
 import paddle.distributed as dist
 import paddle.nn.functional as F
@@ -166,15 +167,6 @@ def check_lenet_args(X, params):
 def check_model_kind(net):
     """Reject `net` unless it is a paddle.nn.Layer."""
     d2l._check_model(net, nn.Layer, 'paddle.nn.Layer')
-
-
-def _check_concise_step(X, y, devices):
-    """check_step, and one device: a PaddlePaddle process computes on one."""
-    d2l.check_step(X, y, devices)
-    d2l.check(
-        len(devices) == 1, f'devices names {len(devices)} devices, but a '
-        'PaddlePaddle process computes on one; pass [its device] and start '
-        'one process per device, as d2l.train_concise_spawn does')
 
 
 def check_zero_init(params, devices, stage):
@@ -658,21 +650,26 @@ def _tp_timing_worker(rank, world_size, init_method, d, hidden, batch_size,
         return [[s / num_steps for s in row] for row in seconds]
 
 
+def ddp_script_path(framework=None):
+    """Path of the book's launcher script for 'torch', 'mxnet', 'paddle'."""
+    return _script_path('paddle' if framework is None else framework)
+
+
 __all__ = [
     '_device_name', '_device_names', '_one_thread', '_collate_resized',
     'ArrayDataset', '_spawn_variables', '_group_from_env',
     '_set_group_timeout', '_quiet_paddle_children', 'check_lenet_args',
-    'check_model_kind', '_check_concise_step', 'check_zero_init',
-    'check_zero_step', '_quiet_spawn', 'check_spawn_args', 'spawn_per_device',
-    '_run_in_environment', 'start_spawned_process', '_run_rank', '_stand_down',
-    '_rendezvous_address', 'check_pipeline_runs', '_stage_shapes', '_pump',
-    '_direction_groups', '_p2p_link', '_tp_slice', '_new_group', '_nbytes',
-    '_to_numpy', '_from_numpy', '_group', '_parameter', '_check_arrangement',
+    'check_model_kind', 'check_zero_init', 'check_zero_step', '_quiet_spawn',
+    'check_spawn_args', 'spawn_per_device', '_run_in_environment',
+    'start_spawned_process', '_run_rank', '_stand_down', '_rendezvous_address',
+    'check_pipeline_runs', '_stage_shapes', '_pump', '_direction_groups',
+    '_p2p_link', '_tp_slice', '_new_group', '_nbytes', '_to_numpy',
+    '_from_numpy', '_group', '_parameter', '_check_arrangement',
     '_tp_wrong_worker', 'time_all_reduce', '_all_reduce_worker',
     '_all_reduce_rounds', 'cost_model_net', 'gradient_bytes', 'time_compute',
     '_sgd_steps', '_time_runs', '_check_configs', '_ddp_model',
     'time_ddp_configs', '_ddp_configs_worker', '_time_configs', '_tp_barrier',
-    '_tp_timing_worker',
+    '_tp_timing_worker', 'ddp_script_path',
 ]
 
 # Last: the generated module imports this one at its top.

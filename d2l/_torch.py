@@ -106,9 +106,6 @@ def check_model_kind(net):
     d2l._check_model(net, nn.Module, 'torch.nn.Module')
 
 
-_check_concise_step = check_step
-
-
 def check_zero_init(params, devices, stage):
     """Reject a ZeRO stage, or an empty parameter or device list."""
     d2l.check_stage(stage)
@@ -532,20 +529,24 @@ def _tp_timing_worker(rank, world_size, init_method, d, hidden, batch_size,
         return [[s / num_steps for s in row] for row in seconds]
 
 
+def ddp_script_path(framework=None):
+    """Path of the book's launcher script for 'torch', 'mxnet', 'paddle'."""
+    return _script_path('torch' if framework is None else framework)
+
+
 __all__ = [
     '_device_name', '_device_names', '_one_thread', '_collate_resized',
     '_ABANDONED', '_exit_if_abandoned', '_leave_failed_rank',
     '_destroy_after_barrier', 'check_lenet_args', 'check_model_kind',
-    '_check_concise_step', 'check_zero_init', 'check_zero_step',
-    'time_data_parallel', '_join_group', '_run_rank', '_stand_down',
-    '_rendezvous_address', 'check_pipeline_runs', '_stage_shapes', '_pump',
-    '_direction_groups', '_p2p_link', '_tp_slice', '_from_numpy', '_group',
-    '_new_group', '_nbytes', '_to_numpy', '_check_arrangement',
-    '_tp_wrong_worker', 'time_all_reduce', '_all_reduce_worker',
-    '_all_reduce_rounds', 'cost_model_net', 'gradient_bytes', 'time_compute',
-    '_sgd_steps', '_time_runs', '_check_configs', '_ddp_model',
-    'time_ddp_configs', '_ddp_configs_worker', '_time_configs', '_tp_barrier',
-    '_tp_timing_worker',
+    'check_zero_init', 'check_zero_step', 'time_data_parallel', '_join_group',
+    '_run_rank', '_stand_down', '_rendezvous_address', 'check_pipeline_runs',
+    '_stage_shapes', '_pump', '_direction_groups', '_p2p_link', '_tp_slice',
+    '_from_numpy', '_group', '_new_group', '_nbytes', '_to_numpy',
+    '_check_arrangement', '_tp_wrong_worker', 'time_all_reduce',
+    '_all_reduce_worker', '_all_reduce_rounds', 'cost_model_net',
+    'gradient_bytes', 'time_compute', '_sgd_steps', '_time_runs',
+    '_check_configs', '_ddp_model', 'time_ddp_configs', '_ddp_configs_worker',
+    '_time_configs', '_tp_barrier', '_tp_timing_worker', 'ddp_script_path',
 ]
 
 # Last: the generated module imports this one at its top.

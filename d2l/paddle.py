@@ -50,7 +50,7 @@ def try_gpus(num_devices):
     """Devices for `num_devices` model copies: GPUs, or the CPU if none.
 
     Defined in :numref:`sec_helpers`"""
-    d2l.check_num_devices(num_devices, name)
+    d2l.check_num_devices(num_devices)
     g = num_gpus()
     if g == 0:
         return [paddle.CPUPlace() for _ in range(num_devices)]
@@ -583,6 +583,9 @@ def train_step_concise(net, X, y, loss, optimizer, devices):
 
     Defined in :numref:`sec_multi_gpu_concise`"""
     d2l.check_step(X, y, devices)
+    d2l.check(len(devices) == 1, f'devices names {len(devices)} devices, '
+              'but a PaddlePaddle process computes on one; pass [its device] '
+              'and start one process per device, as train_concise_spawn does')
     X, y = X.to(devices[0]), y.to(devices[0])
     with paddle.device.device_guard(devices[0]):
         l = loss(net(X), y)
@@ -680,8 +683,8 @@ def cosine_lr(lr, epoch, num_epochs):
     """Learning rate of epoch `epoch` (from 0), `lr` along half a cosine.
 
     Defined in :numref:`sec_multi_gpu_concise`"""
-    d2l.check_epoch(epoch, num_epochs)
     d2l.check_number(lr, 'lr')
+    d2l.check_epoch(epoch, num_epochs)
     return lr * (1 + math.cos(math.pi * epoch / num_epochs)) / 2
 
 def set_learning_rate(optimizer, lr):
@@ -892,9 +895,9 @@ def shard_of_batch(X, y, step, rank, world_size, batch_size):
     """Rank `rank`'s `batch_size` examples of minibatch `step`, wrapping.
 
     Defined in :numref:`sec_ddp`"""
-    d2l.check_rank(rank, world_size)
     d2l.check_count(step, 'step')
     d2l.check_count(batch_size, 'batch_size', 1)
+    d2l.check_rank(rank, world_size)
     start = (step * world_size + rank) * batch_size
     idx = np.arange(start, start + batch_size) % len(y)
     return X[idx], y[idx]
@@ -1108,9 +1111,9 @@ def warmup_cosine_lr(lr, epoch, num_epochs, warmup=0, start=0.0):
     """Rate of `epoch`: from `start` to `lr` in `warmup` epochs, then down.
 
     Defined in :numref:`sec_ddp_resnet`"""
-    d2l.check_warmup(warmup, num_epochs)
     d2l.check_count(warmup, 'warmup')
     d2l.check_number(start, 'start')
+    d2l.check_warmup(warmup, num_epochs)
     if epoch < warmup:
         return start + (lr - start) * epoch / warmup
     return d2l.cosine_lr(lr, epoch - warmup, num_epochs - warmup)
@@ -1335,8 +1338,8 @@ def check_stage(stage):
     """Reject a ZeRO stage other than 0 (plain data parallelism), 1, 2 or 3.
 
     Defined in :numref:`sec_sharded_data_parallel`"""
-    d2l.check(type(stage) is int and 0 <= stage <= 3, f'stage must be 0 '
-              f'(plain data parallelism), 1, 2 or 3, got {stage!r}')
+    d2l.check(stage in (0, 1, 2, 3) and not isinstance(stage, bool), 'stage '
+              f'must be 0 (plain data parallelism), 1, 2 or 3, got {stage!r}')
 
 def _check_zero_states(states, devices, stage):
     """Reject states that zero_init did not build for devices and stage.
@@ -1381,9 +1384,9 @@ def zero_step(X, y, states, devices, stage, lr, momentum=0.9):
     """One momentum-SGD step of LeNet on k devices with ZeRO `stage`.
 
     Defined in :numref:`sec_sharded_data_parallel`"""
-    d2l.check_zero_step(states, devices, stage)
     d2l.check_number(lr, 'lr')
     d2l.check_number(momentum, 'momentum', below=1)
+    d2l.check_zero_step(states, devices, stage)
     # stage 0 is plain data parallelism
     X_shards, y_shards = split_batch(X, y, devices)
     fulls = [s['params'] for s in states]
@@ -1662,8 +1665,8 @@ def time_pipeline(runs, num_stages, X, y, depth, width, timeout_s=60.0):
     """Run each (schedule, m) of `runs` with a process per stage.
 
     Defined in :numref:`sec_pipeline`"""
-    d2l.check_pipeline_runs(runs, num_stages, X, y, depth, width)
     d2l.check_number(timeout_s, 'timeout_s')
+    d2l.check_pipeline_runs(runs, num_stages, X, y, depth, width)
     ranks = spawn_ranks(_pipeline_worker, num_stages, _rendezvous(), runs,
                         X.cpu().numpy(), y.cpu().numpy(), depth, width,
                         timeout_s)

@@ -47,12 +47,12 @@ def _is_count(value, least=0):
     return _is_int(value) and value >= least
 
 
-def check_count(value, name, least=0):
+def check_count(value, name, least=0, why=''):
     """Reject `value` unless it is an integer of at least `least`; name it."""
     if not _is_count(value, least):
         kind = {0: 'a non-negative integer', 1: 'a positive integer'}.get(
             least, f'an integer of at least {least}')
-        raise ValueError(f'{name} must be {kind}, got {value!r}')
+        raise ValueError(f'{name} must be {kind}{why}, got {value!r}')
 
 
 def check_number(value, name, positive=False, below=None):
@@ -916,13 +916,10 @@ _WATCHDOG = (  # the program of launcher_deadline's watchdog process
     '    os.kill(pid, signal.SIGKILL)\n')
 
 
-def ddp_script_path(framework=None):
+def _script_path(framework):
     """Path of the book's launcher script for 'torch', 'mxnet', 'paddle'."""
-    # framework=None: the script of this module's framework
     names = {'torch': 'ddp_train.py', 'mxnet': 'ddp_train_mxnet.py',
              'paddle': 'ddp_train_paddle.py'}
-    if framework is None:
-        framework = __name__.rsplit('.', 1)[-1]  # d2l.torch, for example
     if framework not in names:
         raise ValueError(f"framework must be 'torch', 'mxnet' or "
                          f"'paddle', got {framework!r}")
@@ -1229,7 +1226,7 @@ __all__ = [
     'check_split', 'check_replicas', 'check_resnet_args', 'check_step',
     '_check_model', 'check_warmup', 'check_epoch', 'check_rank',
     '_int_from_env', '_check_timeout', '_loopback_interface', '_environment',
-    '_is_loopback', '_WATCHDOG', 'ddp_script_path', '_needs', '_interleave',
+    '_is_loopback', '_WATCHDOG', '_script_path', '_needs', '_interleave',
     'check_stage_number', '_queue_link', '_merge', '_shard_axes',
     '_check_row_input', 'check_mlp_sizes', '_check_mesh', 'check_cost_args',
     '_check_world_of_two', 'check_timings', '_check_step_args', '_check_sizes',

@@ -23,12 +23,10 @@ EXTRA_PARAMETERS = {
     ('skew_demo', 'mxnet'): ('report_dir',),
     ('skew_demo', 'paddle'): ('report_dir',),
 }
-# Argument validators and the tests' small models stay out of the public
-# namespace. A demonstration that new processes run is public: they import
+# The tests' small models stay out of the public namespace. A demonstration that new processes run is public: they import
 # it from d2l, and its page shows and explains it.
-NOT_PUBLIC = ('small_mlp', 'TwoDeviceMLP', 'check_split', 'check_resnet_args',
-              'check_num_gpus', 'check_loader_args', 'check_rank',
-              'allreduce_rebinding', 'max_difference', 'random_arrays')
+NOT_PUBLIC = ('small_mlp', 'TwoDeviceMLP', 'allreduce_rebinding',
+              'max_difference', 'random_arrays')
 
 
 def _module(name):

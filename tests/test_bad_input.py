@@ -755,8 +755,8 @@ def test_a_read_only_data_folder_gets_the_data_error(tmp_path):
     folder = tmp_path / 'read-only'
     folder.mkdir()
     script = (
-        'from d2l import torch as d2l\n'
-        f'd2l.FASHION_MNIST_SYSTEM_DIR = {str(tmp_path / "sys")!r}\n'
+        'from d2l import torch as d2l, runtime\n'
+        f'runtime.FASHION_MNIST_SYSTEM_DIR = {str(tmp_path / "sys")!r}\n'
         'try:\n'
         "    d2l.read_idx_file('t10k-labels-idx1-ubyte')\n"
         'except d2l.DatasetError as err:\n'
