@@ -213,6 +213,48 @@ def test_a_changed_script_that_a_page_runs_makes_that_page_stale(book):
     assert stale(so.restore(book, verbose=False)) == [('chapter/one.md', 'pytorch')]
 
 
+def gpu_run(book, out, *pages):
+    """scripts/gpu_run.py on BOOK's PAGES in full mode, into OUT (no GPU needed for this book)."""
+    proc = subprocess.run([sys.executable, str(ROOT / 'scripts' / 'gpu_run.py'), '--root',
+                           str(book.root), '--out', str(out), '--pages', *pages],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return out
+
+
+@pytest.mark.slow
+def test_a_gpu_run_is_stored_beside_the_cpu_runs_with_its_own_record(book, tmp_path, capsys):
+    _, before = status_lines(book, capsys)
+    cpu = {p: p.read_bytes() for p in (book.root / so.STORE).rglob('*.ipynb')}
+    run = gpu_run(book, tmp_path / 'run', 'chapter/one.md', 'chapter/two.md')
+    stored, refused = so.store_gpu(book, run)
+    assert refused == [] and [p.relative_to(book.root).as_posix() for p in stored] == [
+        'outputs/gpu/pytorch/chapter/one.ipynb', 'outputs/gpu/pytorch/chapter/two.ipynb']
+    nb = nbformat.read(str(stored[0]), as_version=4)
+    assert 'pytorch only 2 hello launch.py' in ''.join(so.output_texts(nb))
+    assert nb.metadata[so.RECORD]['mode'] == 'full' and 'gpu' in nb.metadata[so.RECORD]
+    assert {p: p.read_bytes() for p in cpu} == cpu
+    damaged, lines = status_lines(book, capsys)
+    assert damaged == 0 and lines == before + [
+        'stored   chapter/one.md [pytorch on a GPU]', 'stored   chapter/two.md [pytorch on a GPU]']
+    assert stale(so.restore(book, verbose=False)) == []
+    # A helper the page uses changes: its CPU and its GPU outputs are stale.
+    edit(book.root / 'd2l' / 'torch.py', "return 'hello'", "return 'hi'")
+    _, lines = status_lines(book, capsys)
+    assert [line for line in lines if line.startswith('stale')] == [
+        'stale    chapter/one.md [pytorch]', 'stale    chapter/one.md [pytorch on a GPU]']
+    # A run of other code, in quick mode, or with a failed cell is not stored.
+    path = run / 'pytorch' / 'chapter' / 'two.ipynb'
+    for change, why in (({'mode': 'quick'}, 'a quick-mode run'),
+                        ({'failed': 'ValueError: no'}, 'a cell failed (ValueError: no)')):
+        nb = json.loads(path.read_text())
+        nb['metadata'][so.RECORD].update(change)
+        path.write_text(json.dumps(nb))
+        assert so.store_gpu(book, run)[1] == [
+            'run/pytorch/chapter/one.ipynb: its code, d2l or scripts differ from the page\'s now'
+            .replace('run/', f'{run}/'), f'{path}: {why}']
+
+
 def reached(source, *names):
     return '\n'.join(so.reachable_source(textwrap.dedent(source), set(names)))
 
@@ -252,6 +294,48 @@ def test_statements_with_effects_on_import_always_count():
     assert 'def plugged' in text and 'def register' in text
     assert "os.environ.setdefault('X', '1')" in text and 'Thing.size = 3' in text
     assert 'def quiet' not in text
+
+
+# A generated module whose hand-written header imports a hand-written module
+# of the package, which imports another: (header line, how the saved code calls).
+IMPORTS = [('from d2l.runtime import *', 'd2l.train'), ('from .runtime import train', 'train'),
+           ('from d2l import runtime', 'runtime.train'), ('import d2l.runtime', 'd2l.runtime.train')]
+
+
+def split_package(folder, header, call):
+    (folder / 'd2l').mkdir(parents=True)
+    (folder / 'd2l' / 'torch.py').write_text(
+        f'"""Generated."""\n{header}\n\n#################   WARNING   ################\n'
+        f'def fit(net):\n    return {call}(net)\n')
+    (folder / 'd2l' / 'runtime.py').write_text(
+        'from .base import describe\n\ndef train(net):\n    return describe(net)\n\n'
+        'def unused():\n    return 0\n')
+    (folder / 'd2l' / 'base.py').write_text(
+        'def describe(net):\n    return str(net)\n\ndef other():\n    return 1\n')
+
+
+@pytest.mark.parametrize('header,call', IMPORTS, ids=[h for h, _ in IMPORTS])
+def test_a_changed_function_of_an_imported_hand_written_module_stales_the_pages_reaching_it(
+        tmp_path, header, call):
+    split_package(tmp_path, header, call)
+    pages = {'fits': ['from d2l import torch as d2l', 'd2l.fit(1)'], 'prints': ['print(1)']}
+
+    def keys():
+        return {name: so.runner.key_parts(tmp_path, tmp_path / 'd2l' / 'torch.py',
+                                          f'chapter/{name}.md', code, {})[0]
+                for name, code in pages.items()}
+
+    def changed(module, old, new):
+        before = keys()
+        edit(tmp_path / 'd2l' / module, old, new)
+        return sorted(name for name, key in keys().items() if key != before[name])
+
+    assert changed('runtime.py', 'return describe(net)', 'return describe(net) * 2') == ['fits']
+    assert changed('base.py', 'return str(net)', 'return repr(net)') == ['fits']
+    assert changed('runtime.py', 'return 0', 'return 2') == []
+    assert changed('base.py', 'return 1', 'return 3') == []
+    # What a hand-written module runs on import reaches every page.
+    assert changed('base.py', 'def other', 'print("loaded")\n\ndef other') == ['fits', 'prints']
 
 
 @pytest.mark.slow
