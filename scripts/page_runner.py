@@ -3,21 +3,13 @@
 
     python scripts/page_runner.py PAGE TAB [--timeout S] [--in-process]
 
-runs PAGE (chapter_multi_gpu/x.md) in TAB into _build/sections/<tab>/<page>.ipynb
-and prints each cell's text, so that an author can check one page without
-building the book; it exits 1 if a cell raises.
-
-A page runs one of two ways, into the same notebook:
-* in a Jupyter kernel (nbclient), as d2lbook's eval runs it: `make publish`
-  (scripts/stored_outputs.py) and the command above;
-* in this process, in one namespace (`--in-process`), needing nothing but the
-  page's own imports: scripts/gpu_run.py, on a GPU machine without Jupyter.
-So this module imports only the standard library at module level.
-
-It also holds what every stored run records, wherever it ran: the key of the
-code that produced its outputs (key_parts), where and how it ran (run_record,
-kept in the notebook's metadata under RECORD), and write_files, which replaces
-a file only with its whole new text.
+runs PAGE in TAB into _build/sections/<tab>/<page>.ipynb and prints each
+cell's text (exit status 1 if a cell raises). A page runs in a Jupyter kernel
+(`make publish`, this command) or in one namespace of this process
+(`--in-process`; scripts/gpu_run.py, on a GPU machine without Jupyter), so
+this module imports only the standard library at module level. It also holds
+what every stored run records wherever it ran (key_parts, run_record) and
+write_file, which replaces a file only with its whole new text.
 """
 import argparse
 import ast
@@ -83,13 +75,12 @@ def page_cells(root, page, tab, default_tab='pytorch'):
     return cells
 
 
-def new_notebook(sources, metadata=None):
+def new_notebook(sources):
     """An nbformat-4 notebook (a plain dict) of code cells."""
     cells = [{'cell_type': 'code', 'execution_count': None, 'id': sha256(f'{i}:{s}')[:8],
               'metadata': {}, 'outputs': [], 'source': s} for i, s in enumerate(sources)]
     return {'cells': cells, 'nbformat': 4, 'nbformat_minor': 5,
-            'metadata': dict(metadata or {}, kernelspec=KERNELSPEC,
-                             language_info={'name': 'python'})}
+            'metadata': {'kernelspec': KERNELSPEC, 'language_info': {'name': 'python'}}}
 
 
 @contextlib.contextmanager
@@ -184,15 +175,12 @@ def figures(namespace, shown):
     from matplotlib.figure import Figure
     found = [plt.figure(n) for n in plt.get_fignums()]
     plt.close('all')
-    for value in list(namespace.values()):
-        figure = getattr(value, 'fig', None)  # an Animator draws on its own
-        if isinstance(figure, Figure) and id(figure) not in shown:
-            shown.add(id(figure))
-            found.append(figure)
+    animators = [getattr(value, 'fig', None) for value in list(namespace.values())]
+    found += [f for f in animators if isinstance(f, Figure) and id(f) not in shown]
+    shown.update(map(id, found))
     outputs = []
     for figure in found:
-        svg = io.StringIO()
-        figure.savefig(svg, format='svg', bbox_inches='tight')
+        figure.savefig(svg := io.StringIO(), format='svg', bbox_inches='tight')
         outputs.append({'output_type': 'display_data', 'metadata': {},
                         'data': {'image/svg+xml': svg.getvalue(), 'text/plain': '<Figure>'}})
     return outputs
@@ -251,27 +239,25 @@ def imported_modules(text, package):
     found = {}
 
     def add(dotted, *aliases):
-        for file in (package / f'{dotted.replace(".", "/")}.py',
-                     package / dotted.replace('.', '/') / '__init__.py'):
-            if dotted and file.is_file():
-                found.setdefault(file.resolve(), set()).update(aliases)
-                return
+        name = dotted.replace('.', '/')
+        for file in (package / f'{name}.py', package / name / '__init__.py'):
+            if name and file.is_file():
+                return found.setdefault(file.resolve(), set()).update(aliases)
 
     for node in ast.parse(text).body:
         if isinstance(node, ast.ImportFrom) and node.level <= 1:
             first, _, rest = (node.module or '').partition('.')
+            base = (node.module or '') if node.level else rest
             if node.level == 0 and first != package.name:
                 continue
-            base = (node.module or '') if node.level else rest
             if base:
                 add(base)
-            for alias in node.names if not base else ():
+            for alias in node.names if not base else ():  # from d2l import runtime
                 add(alias.name, alias.asname or alias.name)
-        elif isinstance(node, ast.Import):
-            for alias in node.names:
-                first, _, rest = alias.name.partition('.')
-                if first == package.name and rest:
-                    add(rest, alias.asname or alias.name)
+        for alias in node.names if isinstance(node, ast.Import) else ():
+            first, _, rest = alias.name.partition('.')
+            if first == package.name:
+                add(rest, alias.asname or alias.name)
     return found
 
 
@@ -414,13 +400,13 @@ def loader_lines(nb):
     return list(dict.fromkeys(line.rstrip() for line in found))
 
 
-def run_record(page, tab, key, parts, nb, quick, when=None, devices=None):
+def run_record(page, tab, key, parts, nb, quick, when=None):
     """The record of a run of PAGE's TAB that left notebook NB."""
     return {
         'page': page, 'tab': tab, 'key': key, 'key_parts': parts,
         'mode': 'quick' if quick else 'full',
         'date': (when or datetime.datetime.now(datetime.timezone.utc)).strftime('%Y-%m-%d'),
-        'devices': devices or machine()[0], 'python': platform.python_version(),
+        'devices': machine()[0], 'python': platform.python_version(),
         'data': loader_lines(nb),
         'env': {k: v for k, v in sorted(os.environ.items())
                 if k.startswith('D2L_') or k == 'CUDA_VISIBLE_DEVICES'},
@@ -479,23 +465,16 @@ def write_file(path, text):
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.{os.getpid()}.',
                                    suffix='.tmp')
         try:
-            try:
-                mode = path.stat().st_mode & 0o7777
-            except FileNotFoundError:
+            with os.fdopen(fd, 'wb'):  # closes fd
                 umask = os.umask(0o022)
                 os.umask(umask)
-                mode = 0o666 & ~umask
-            os.fchmod(fd, mode)
-            data = memoryview(text.encode())
-            while data:
-                data = data[os.write(fd, data):]
-            os.fsync(fd)
-            os.close(fd)
-            fd = None
+                os.fchmod(fd, path.stat().st_mode & 0o7777 if path.exists() else 0o666 & ~umask)
+                data = memoryview(text.encode())
+                while data:  # os.write, not f.write: a short write is not lost
+                    data = data[os.write(fd, data):]
+                os.fsync(fd)
             os.replace(tmp, path)
         finally:
-            if fd is not None:
-                os.close(fd)
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
 
@@ -513,8 +492,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if not (ROOT / args.page).is_file():
         parser.error(f'no page {args.page}: give a path such as chapter_multi_gpu/helpers.md')
-    cells = page_cells(ROOT, args.page, args.tab)
-    if not cells:
+    if not (cells := page_cells(ROOT, args.page, args.tab)):
         parser.exit(1, f'{args.page} has no cells for the {args.tab} tab\n')
     out = ROOT / '_build' / 'sections' / args.tab / pathlib.Path(args.page).with_suffix('.ipynb')
     began = time.time()
@@ -524,15 +502,10 @@ def main(argv=None):
     for cell in code_cells(nb):
         for o in cell.get('outputs', []):
             text = join(o.get('text') or o.get('data', {}).get('text/plain') or '')
-            if o.get('output_type') == 'error':
-                text = f"{o['ename']}: {o['evalue']}"
             if text and 'ccache' not in text:
                 print(text.rstrip()[:2000])
     print(f'== {args.page} [{args.tab}] in {time.time() - began:.0f} s -> {out}')
-    if failed:
-        print(f'a cell failed: {failed}', file=sys.stderr)
-        return 1
-    return 0
+    return f'a cell failed: {failed}' if failed else 0  # sys.exit prints it, exit status 1
 
 
 if __name__ == '__main__':

@@ -9,27 +9,16 @@
     python scripts/stored_outputs.py store-gpu [BOOK_ROOT] [--run _build/gpu-run]
     python scripts/stored_outputs.py normalise NOTEBOOK ...
 
-`outputs/<tab>/<page>.ipynb` holds the code cells of a page's tab with the
-outputs of a full-mode run (D2L_QUICK=0), normalised so that a diff shows what
-changed, and in its metadata (RECORD) the record of the run: where and how it
-ran, and its key, a hash of the tab's code cells as d2lbook executes them, the
-part of the tab's `d2l` module (and of the hand-written d2l modules it
-imports) that this code can reach, the scripts beside the page that it runs,
-and the framework and NumPy versions (scripts/page_runner.py, key_parts).
-
-`restore` writes the evaluated notebook d2lbook would write for every page
-whose key matches, newer than its sources, so that `d2lbook build eval` skips
-it and evaluates the rest; `annotate` then notes on each page where its
-outputs come from. `publish` runs pages in full mode and stores them, then
-runs them in quick mode with no GPU visible, as CI does, and tags the cells
-whose outputs agree (`nbval-check-output`) so that nbval compares them; if
-that pass does not finish, the full-mode run stays stored and `tag` adds the
-tags alone. A notebook is written whole or not at all (page_runner.write_file).
-One that is missing (though committed), cut short, not a notebook, or whose
-record is missing or malformed is damaged: `status` names the file and the
-fix and exits 1; `restore` says the same in one line and leaves the page to
-d2lbook. `store-gpu` stores the notebooks of a `make gpu-run` in
-`outputs/gpu/<tab>/<page>.ipynb`, beside the CPU runs and apart from them.
+`outputs/<tab>/<page>.ipynb` holds a page's tab as a full-mode run
+(D2L_QUICK=0) left it, normalised so that a diff shows what changed, and in its
+metadata (RECORD) the record of the run, with its key (page_runner.key_parts).
+`restore` writes, for every page whose key matches, the evaluated notebook
+d2lbook would write, so that `d2lbook build eval` evaluates only the rest;
+`annotate` then says on each page where its outputs come from. `publish` runs
+pages in full mode and stores them, then in quick mode as CI does, to tag the
+cells nbval compares (`tag` redoes that pass alone). A damaged store names the
+file and the fix. `store-gpu` stores a gpu_run.py run in outputs/gpu/. The
+README's "Stored outputs" tells the rest.
 """
 import argparse
 import copy
@@ -87,8 +76,6 @@ def output_texts(nb):
                 if mime.startswith('text/'):
                     yield _join(value)
             yield '\n'.join(out.get('traceback', []))
-
-
 
 
 # ---------------------------------------------------------------------------
@@ -198,36 +185,23 @@ def normalise_outputs(outputs, roots=()):
     """Outputs as d2lbook keeps them (stderr shown as stdout), without what varies run to run."""
     result = []
     for out in outputs:
-        out = copy.deepcopy(out)
         kind = out.get('output_type')
         if kind == 'stream':
             text = clean_text(_join(out.get('text', '')), roots)
-            if result and result[-1].get('output_type') == 'stream':
-                # How a stream is cut into messages depends on timing.
-                result[-1]['text'] += text
-                continue
-            result.append(nbformat.v4.new_output('stream', name='stdout', text=text))
-            continue
-        if kind in ('display_data', 'execute_result'):
-            data = {}
-            for mime, value in out.get('data', {}).items():
-                if mime.startswith('text/plain') and _join(value).startswith('HBox'):
-                    data = None  # a tqdm widget d2lbook drops too
-                    break
-                value = _join(value)
-                if mime == 'image/svg+xml':
-                    value = renumber_svg_ids(MPL_DATE.sub('', value))
-                elif mime.startswith('text/'):
-                    value = clean_text(value, roots)
-                data[mime] = value
-            if data is None:
-                continue
-            new = nbformat.v4.new_output('display_data', data=data)
-            if kind == 'execute_result':
-                new = nbformat.v4.new_output('execute_result', data=data, execution_count=None)
-            result.append(new)
-            continue
-        if kind == 'error':
+            if result and result[-1].output_type == 'stream':
+                result[-1].text += text  # how a stream is cut into messages depends on timing
+            else:
+                result.append(nbformat.v4.new_output('stream', name='stdout', text=text))
+        elif kind in ('display_data', 'execute_result'):
+            data = {mime: _join(value) for mime, value in out.get('data', {}).items()}
+            if str(data.get('text/plain', '')).startswith('HBox'):
+                continue  # a tqdm widget d2lbook drops too
+            data = {mime: renumber_svg_ids(MPL_DATE.sub('', value)) if mime == 'image/svg+xml'
+                    else clean_text(value, roots) if mime.startswith('text/') else value
+                    for mime, value in data.items()}
+            result.append(nbformat.v4.new_output(kind, data=data, **(
+                {'execution_count': None} if kind == 'execute_result' else {})))
+        elif kind == 'error':
             result.append(nbformat.v4.new_output(
                 'error', ename=out.get('ename', ''), evalue=clean_text(out.get('evalue', ''), roots),
                 traceback=[clean_text(t, roots) for t in out.get('traceback', [])]))
@@ -269,7 +243,6 @@ def normalise_file(path):
         runner.write_file(path, text)
         return True
     return False
-
 
 
 # ---------------------------------------------------------------------------
@@ -672,8 +645,6 @@ def annotate(book, verbose=True):
     return reused, evaluated, earlier
 
 
-
-
 def matplotlib_env(tmp):
     """Fixed SVG ids from matplotlib, so that a rerun of a figure diffs as unchanged."""
     (tmp / 'matplotlibrc').write_text('svg.hashsalt: d2l-stored-outputs\n')
@@ -708,8 +679,6 @@ def command(book, name, *args):
     script = relative(book, pathlib.Path(__file__).resolve())
     root = [] if book.root == ROOT else [str(book.root)]
     return ' '.join([python, script, name, *root, *args])
-
-
 
 
 # ---------------------------------------------------------------------------
