@@ -10,7 +10,7 @@ D2LBOOK := $(BIN)/python scripts/d2lbook
 PYTEST_WORKERS ?= 2
 export PYTEST_WORKERS
 
-.PHONY: help setup lib eval html pdf book publish outputs-status test test-unit test-notebooks test-numpy2 test-browser test-pdf test-rendered bench gpu-run clean
+.PHONY: help setup lib eval html pdf book publish outputs-status store-gpu-run test test-unit test-notebooks test-numpy2 test-browser test-pdf test-rendered bench gpu-run clean
 
 help:  ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
@@ -41,6 +41,9 @@ publish: setup  ## Evaluate PAGES in TABS in full mode (D2L_QUICK=0) and store t
 outputs-status: setup  ## Say for each page and tab whether its stored outputs match its code
 	$(BIN)/python scripts/stored_outputs.py status
 
+store-gpu-run: setup  ## Store the finished full-mode pages of _build/gpu-run in outputs/gpu/ (GPU_RUN_DIR)
+	$(BIN)/python scripts/stored_outputs.py store-gpu $(if $(GPU_RUN_DIR),--run $(GPU_RUN_DIR))
+
 test: setup  ## Unit tests; every notebook in quick mode under nbval; NumPy 2; the rendered HTML and PDF
 	scripts/test.sh
 
@@ -68,7 +71,7 @@ bench: setup  ## Benchmark the book's training code into _build/bench (BENCH_ARG
 	$(BIN)/python bench/run.py $(BENCH_ARGS)
 
 GPU_PYTHON ?= python3
-gpu-run:  ## On a GPU machine, with only PyTorch, NumPy and matplotlib: the PyTorch tab of every page in full mode into _build/gpu-run (GPU_RUN_ARGS)
+gpu-run:  ## On a GPU machine, with only PyTorch, NumPy and matplotlib: the PyTorch tab of every page in full mode into _build/gpu-run/pytorch/<page>.ipynb (GPU_RUN_ARGS)
 	$(GPU_PYTHON) scripts/gpu_run.py $(GPU_RUN_ARGS)
 
 clean:  ## Remove generated output (keeps .venv)

@@ -8,9 +8,9 @@
 # and the framework versions is written from the store and not evaluated.
 # d2lbook then evaluates only the rest (quick mode without a GPU), and each
 # page gets its note on where its outputs come from. A page whose stored
-# notebook or record is damaged is evaluated too, after a line naming the
-# file and the fix. The script ends by listing which pages were reused and
-# which evaluated.
+# notebook (outputs/<tab>/<page>.ipynb, its record inside) is damaged is
+# evaluated too, after a line naming the file and the fix. The script ends by
+# listing which pages were reused and which evaluated.
 set -euo pipefail
 scripts=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "${1:-$scripts/..}" && pwd)

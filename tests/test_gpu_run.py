@@ -1,4 +1,5 @@
-"""Tests of scripts/gpu_run.py (`make gpu-run`): the PyTorch tab of a page run without Jupyter.
+"""Tests of scripts/gpu_run.py (`make gpu-run`): the PyTorch tab of a page run without Jupyter,
+into notebooks of the stored format (the record in the notebook's metadata).
 
 The run here is quick mode on the CPU; on a GPU machine the same script runs
 full mode. Jupyter's packages are made unimportable, as on a reader's GPU
@@ -8,6 +9,8 @@ import json
 import os
 import subprocess
 import sys
+
+import nbformat
 
 from conftest import ROOT
 
@@ -28,7 +31,7 @@ def run_gpu_run(tmp_path, *args):
         text=True, timeout=600, env=env)
 
 
-def test_a_page_runs_without_jupyter_and_its_runs_reach_the_table(tmp_path):
+def test_a_page_runs_without_jupyter_into_a_notebook_that_carries_its_record(tmp_path):
     page = 'chapter_multi_gpu/multiple-gpus.md'
     proc = run_gpu_run(tmp_path, '--pages', 'chapter_multi_gpu/helpers.md',
                        page)
@@ -36,17 +39,22 @@ def test_a_page_runs_without_jupyter_and_its_runs_reach_the_table(tmp_path):
     out = tmp_path / 'out'
     kinds = set()
     for name in ('helpers', 'multiple-gpus'):
-        notebook = json.loads((out / 'pytorch' / 'chapter_multi_gpu' /
-                               f'{name}.ipynb').read_text())
+        path = out / 'pytorch' / 'chapter_multi_gpu' / f'{name}.ipynb'
+        nbformat.validate(nbformat.read(str(path), as_version=4))
+        notebook = json.loads(path.read_text())
         kinds |= {o['output_type'] for c in notebook['cells']
                   for o in c['outputs']}
+        record = notebook['metadata']['d2l_outputs']
+        assert record['page'] == f'chapter_multi_gpu/{name}.md'
+        assert record['mode'] == 'quick' and record['failed'] is None
+        assert record['seconds'] > 0 and len(record['key']) == 64
+        assert record['devices'] and record['date'] and record['torch_build']
+        assert str(ROOT) not in path.read_text()
     assert {'stream', 'display_data', 'execute_result'} <= kinds
-    record = json.loads((out / 'pytorch' / page.replace(
-        '.md', '.json')).read_text())
-    assert record['quick'] and not record['failed'] and record['seconds'] > 0
-    rows = (out / 'summary.md').read_text().splitlines()[2:]
+    summary = (out / 'summary.md').read_text().splitlines()
+    assert summary[0].startswith('quick-mode run of 2 pages on ')
+    rows = summary[4:]
     assert len(rows) == 2 and all(r.startswith(f'| {page} |') for r in rows)
-    assert json.loads((out / 'provenance.json').read_text())['failures'] == []
 
 
 def test_a_failing_cell_is_stored_with_its_error_and_named(tmp_path):
@@ -67,6 +75,10 @@ def test_a_failing_cell_is_stored_with_its_error_and_named(tmp_path):
     assert len(notebook['cells']) == 1  # stopped at the error
     text = notebook['cells'][0]['outputs'][0]['text']
     assert 'before' in text and 'ZeroDivisionError' in text
+    assert notebook['metadata']['d2l_outputs']['failed'] == \
+        'ZeroDivisionError: division by zero'
+    assert (tmp_path / 'out' / 'summary.md').read_text().endswith(
+        'failed:\n* chapter_multi_gpu/_gpu_run_test_page.md: a cell failed\n')
 
 
 def test_an_unknown_page_is_refused_with_an_example(tmp_path):
