@@ -211,7 +211,7 @@ def check_spawn_args(net_fn, devices, batch_size, lr, num_epochs):
                         'functools.partial(d2l.resnet18, 10)')
     check_devices(devices)
     for name, value in (('batch_size', batch_size), ('num_epochs', num_epochs)):
-        d2l.check(d2l._is_count(value, 1),
+        d2l.check(d2l.is_count(value, 1),
                      f'{name} must be a positive integer, got {value!r}')
     k = len(devices)
     d2l.check(batch_size % k == 0, f'batch_size {batch_size} cannot be shared '

@@ -1338,8 +1338,8 @@ def check_stage(stage):
     """Reject a ZeRO stage other than 0 (plain data parallelism), 1, 2 or 3.
 
     Defined in :numref:`sec_sharded_data_parallel`"""
-    d2l.check(stage in (0, 1, 2, 3) and not isinstance(stage, bool), 'stage '
-              f'must be 0 (plain data parallelism), 1, 2 or 3, got {stage!r}')
+    d2l.check(d2l.is_count(stage) and stage <= 3, f'stage must be 0 (plain '
+              f'data parallelism), 1, 2 or 3, got {stage!r}')
 
 def _check_zero_states(states, devices, stage):
     """Reject states that zero_init did not build for devices and stage.

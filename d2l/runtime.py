@@ -42,14 +42,14 @@ def _is_int(value):
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def _is_count(value, least=0):
+def is_count(value, least=0):
     """Whether `value` is an integer (not a bool) of at least `least`."""
     return _is_int(value) and value >= least
 
 
 def check_count(value, name, least=0, why=''):
     """Reject `value` unless it is an integer of at least `least`; name it."""
-    if not _is_count(value, least):
+    if not is_count(value, least):
         kind = {0: 'a non-negative integer', 1: 'a positive integer'}.get(
             least, f'an integer of at least {least}')
         raise ValueError(f'{name} must be {kind}{why}, got {value!r}')
@@ -749,7 +749,7 @@ def _wait_for_ranks(processes, out_dir, silence_s, servers=()):
 
 def _check_seed(seed):
     """Raise ValueError, saying what to pass, unless `seed` is a non-negative integer."""
-    check(_is_count(seed), f'seed must be a non-negative integer such as 0; got {seed!r}')
+    check(is_count(seed), f'seed must be a non-negative integer such as 0; got {seed!r}')
 
 
 def check_scores_and_labels(y_hat, y):
@@ -806,7 +806,7 @@ def check_replicas(device_params, devices):
 def check_resnet_args(num_classes, in_channels):
     """Reject a class or channel count that is not a positive integer, saying which."""
     for name, value in (('num_classes', num_classes), ('in_channels', in_channels)):
-        check(_is_count(value, 1),
+        check(is_count(value, 1),
                      f'{name} must be a positive integer, got {value!r}')
 
 
@@ -833,7 +833,7 @@ def check_warmup(warmup, num_epochs):
 
 def check_epoch(epoch, num_epochs):
     """Reject an epoch outside [0, num_epochs), or a bad num_epochs, saying so."""
-    check(_is_count(num_epochs, 1) and _is_count(epoch)
+    check(is_count(num_epochs, 1) and is_count(epoch)
                  and epoch < num_epochs, f'epoch must be an integer in '
                  f'[0, num_epochs) and num_epochs a positive integer, got '
                  f'epoch={epoch!r}, num_epochs={num_epochs!r}')
@@ -1206,7 +1206,7 @@ def _use_threads(threads, set_threads):
 
 
 __all__ = [
-    'check', '_is_int', '_is_count', 'check_count', 'check_number',
+    'check', '_is_int', 'is_count', 'check_count', 'check_number',
     'check_arrays', 'check_devices', 'check_batches', 'check_finite',
     'check_gpu_index', 'check_num_devices', '_labels_and_predictions',
     '_minibatches', '_fraction_correct', '_check_sgd', '_points',

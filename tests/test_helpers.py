@@ -313,6 +313,7 @@ def test_training_iterator_reshuffles_every_epoch(framework, d2l, quick):
 def test_full_mode_serves_all_70000_images(framework, d2l, monkeypatch,
                                             capsys):
     monkeypatch.setenv('D2L_QUICK', '0')
+    monkeypatch.setattr(runtime, '_SAID', set())  # said once per process
     train_iter, test_iter = d2l.load_data_fashion_mnist(batch_size=1000)
     assert 'full mode: 60000 training and 10000 test images' in \
         capsys.readouterr().out
