@@ -14,11 +14,7 @@
 #   5. scripts/offline_html.py: drop the analytics loader, serve the copy icon
 #      locally, fix the header links, and fail on any load from another host.
 set -euo pipefail
-scripts=$(cd "$(dirname "$0")" && pwd)
-root=$(cd "${1:-$scripts/..}" && pwd)
-cd "$root"
-export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
-PYTHON=${PYTHON:-python}
+. "$(dirname "$0")/book-root.sh"
 
 name=$("$PYTHON" -c "import configparser; c = configparser.ConfigParser(); c.read('config.ini'); print(c['project']['name'])")
 tabs=$("$PYTHON" -c "import configparser; c = configparser.ConfigParser(); c.read('config.ini'); print(' '.join(t.strip() for t in c['build']['tabs'].split(',')))")

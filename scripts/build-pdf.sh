@@ -9,11 +9,7 @@
 # limits the build to the listed tabs. If the HTML book exists, the PDFs are
 # copied next to it and its PDF link is switched on.
 set -euo pipefail
-scripts=$(cd "$(dirname "$0")" && pwd)
-root=$(cd "${1:-$scripts/..}" && pwd)
-cd "$root"
-export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
-PYTHON=${PYTHON:-python}
+. "$(dirname "$0")/book-root.sh"
 if ! command -v xelatex >/dev/null || ! command -v latexmk >/dev/null; then
   echo "build-pdf: XeLaTeX and latexmk are missing; run: WITH_PDF=1 scripts/setup.sh" >&2
   exit 1

@@ -12,11 +12,7 @@
 # evaluated too, after a line naming the file and the fix. The script ends by
 # listing which pages were reused and which evaluated.
 set -euo pipefail
-scripts=$(cd "$(dirname "$0")" && pwd)
-root=$(cd "${1:-$scripts/..}" && pwd)
-cd "$root"
-export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
-PYTHON=${PYTHON:-python}
+. "$(dirname "$0")/book-root.sh"
 start=$SECONDS
 "$PYTHON" "$scripts/stored_outputs.py" restore "$root"
 tabs=$("$PYTHON" -c "import configparser; c = configparser.ConfigParser(); c.read('config.ini'); print(' '.join(t.strip() for t in c['build']['tabs'].split(',')))")
