@@ -582,7 +582,10 @@ def _quiet_logger(name):
 
 def _fork_server():
     """'forkserver', with d2l imported in the server that forks each rank."""
-    multiprocessing.set_forkserver_preload([__name__])  # this module
+    # the framework modules this process uses, so no rank imports them again
+    multiprocessing.set_forkserver_preload([
+        name for name in ('d2l.torch', 'd2l.mxnet', 'd2l.paddle')
+        if name in sys.modules])
     try:
         multiprocessing.forkserver.ensure_running()
     except OSError:  # its socket's path, under TMPDIR, is over 107 bytes
