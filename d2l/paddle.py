@@ -1271,12 +1271,6 @@ def _tensors_on(device):
     Defined in :numref:`sec_sharded_data_parallel`"""
     return paddle.device.device_guard(device)
 
-def _device(x):
-    """The device that holds `x`.
-
-    Defined in :numref:`sec_sharded_data_parallel`"""
-    return _typed_place(x.place)
-
 _concat, _zeros_like = paddle.concat, paddle.zeros_like
 
 def reduce_scatter(data):
@@ -1288,7 +1282,7 @@ def reduce_scatter(data):
         shard_sizes(math.prod(data[0].shape), len(data)))]
     shards = []
     for i, x in enumerate(data):
-        lo, hi, device = bounds[i], bounds[i + 1], _device(x)
+        lo, hi, device = bounds[i], bounds[i + 1], _device_of(x)
         with _tensors_on(device):
             total = d2l.copy_to(_flat(x)[lo:hi], device)
             for j, other in enumerate(data):
@@ -1307,9 +1301,9 @@ def all_gather(shards):
                          'one per device (flatten them first)')
     gathered = []
     for x in shards:
-        with _tensors_on(_device(x)):
+        with _tensors_on(_device_of(x)):
             gathered.append(
-                _concat([d2l.copy_to(s, _device(x)) for s in shards]))
+                _concat([d2l.copy_to(s, _device_of(x)) for s in shards]))
     return gathered
 
 def unflatten(flat, shapes):

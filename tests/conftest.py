@@ -51,14 +51,6 @@ def tab_cells(page, tab, default_tab='pytorch'):
     return cells
 
 
-def hidden_definitions(page, tab=None, default_tab='pytorch'):
-    """Functions defined in the `#@hide` cells of the markdown `page` (of `tab`, or of every tab)."""
-    cells = (tab_cells(page, tab, default_tab) if tab
-             else CELL.findall(page.read_text()))
-    return [name for cell in cells if re.search(r'^#@hide\s*$', cell, re.M)
-            for name in re.findall(r'^def (\w+)\(', cell, re.M)]
-
-
 @pytest.fixture(params=FRAMEWORKS)
 def framework(request):
     """The name of the framework (tab) under test."""

@@ -4,6 +4,8 @@ import shutil
 import subprocess
 import sys
 
+import re
+
 import pytest
 
 from conftest import ROOT
@@ -73,15 +75,6 @@ def test_make_targets_hand_the_build_scripts_a_book_root():
             f'{" ".join(words)}: {root} is not a book root')
 
 
-def is_checked_rebinding(node):
-    """`name = d2l._checked(d2l.name, ...)`: the appendix wrapping a helper with its checks."""
-    import ast
-    call = node.value
-    return (len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
-            and isinstance(call, ast.Call) and ast.unparse(call.func) == 'd2l._checked'
-            and call.args and ast.unparse(call.args[0]) == f'd2l.{node.targets[0].id}')
-
-
 @pytest.mark.parametrize('module', ['torch', 'mxnet', 'paddle'])
 def test_each_saved_helper_is_defined_once(module):
     """Two pages saving the same name would leave one page's code calling the other's."""
@@ -90,10 +83,43 @@ def test_each_saved_helper_is_defined_once(module):
     names = [node.name for node in tree.body
              if isinstance(node, (ast.FunctionDef, ast.ClassDef))]
     names += [t.id for node in tree.body if isinstance(node, ast.Assign)
-              and not is_checked_rebinding(node)
               for t in node.targets if isinstance(t, ast.Name)]
     names += [e.id for node in tree.body if isinstance(node, ast.Assign)
               for t in node.targets if isinstance(t, ast.Tuple)
               for e in t.elts if isinstance(e, ast.Name)]
     twice = sorted({n for n in names if names.count(n) > 1})
     assert twice == [], f'd2l/{module}.py defines {twice} more than once'
+
+
+@pytest.mark.parametrize('module', ['torch', 'mxnet', 'paddle'])
+def test_each_generated_module_has_at_most_2000_lines(module):
+    """The machinery lives in d2l/runtime.py, so a module holds the book's code."""
+    lines = (ROOT / 'd2l' / f'{module}.py').read_text().count('\n')
+    assert lines <= 2000, f'd2l/{module}.py has {lines} lines'
+
+
+@pytest.mark.parametrize('module', ['torch', 'mxnet', 'paddle'])
+def test_every_public_function_s_source_is_the_def_its_page_shows(module):
+    """No wrapper stands in: getsource gives the function, checks first."""
+    import importlib
+    import inspect
+    lib = importlib.import_module(f'd2l.{module}')
+    wrapped, not_def = [], []
+    for name, obj in vars(lib).items():
+        if name.startswith('_') or not inspect.isfunction(obj) \
+                or not obj.__module__.startswith('d2l.'):
+            continue
+        if obj.__code__.co_name != name and not obj.__code__.co_filename \
+                .endswith('contextlib.py'):  # contextmanager's own wrapper
+            wrapped.append(name)
+        source = inspect.getsource(obj)
+        if f'def {name}(' not in source.split('"""')[0]:
+            not_def.append(name)
+    assert wrapped == [] and not_def == [], (wrapped, not_def)
+
+
+def test_no_page_hides_a_cell():
+    """Every cell a notebook runs is on the page, in every tab."""
+    hidden = [md.name for md in ROOT.glob('chapter_*/*.md')
+              if re.search(r'^#@hide\s*$', md.read_text(), re.M)]
+    assert hidden == []

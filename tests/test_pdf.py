@@ -16,7 +16,7 @@ import subprocess
 
 import pytest
 
-from conftest import hidden_definitions, tab_cells
+from conftest import tab_cells
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CONFIG = configparser.ConfigParser()
@@ -168,13 +168,3 @@ def test_each_frameworks_pdf_shows_its_own_code(tab):
     assert lines, f'no section has {tab} code'
     missing = [line for line in lines if squash(line) not in flat]
     assert missing == [], f'{tab} code missing from {path.name}'
-
-
-def test_pdf_leaves_out_the_code_of_hidden_cells(text):
-    """d2lbook drops `#@hide` cells (argument checks, framework workarounds) from the PDF."""
-    flat = squash(text)
-    hidden = [name for md in sources()
-              for name in hidden_definitions(md, TABS[0], default_tab=TABS[0])]
-    assert hidden, 'no #@hide cell in the first tab: this test would check nothing'
-    shown = [name for name in hidden if f'def {name}(' in flat]
-    assert shown == [], 'hidden cells appear in the PDF'

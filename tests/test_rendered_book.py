@@ -23,7 +23,7 @@ from urllib.parse import unquote, urlparse
 
 import pytest
 
-from conftest import CELL, hidden_definitions
+from conftest import CELL
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 HTML_DIR = pathlib.Path(os.environ.get('BOOK_HTML_DIR', ROOT / '_build' / 'html')).resolve()
@@ -558,28 +558,6 @@ def test_each_section_says_once_where_its_outputs_come_from(html_dir, page_path)
     devices = re.findall(r'\d+ CPU cores \([^)]*\), no GPU|\d+ x [^;]+', note[1])
     assert len(devices) == len(set(devices)), f'{page_path}: {note[1]}'
     assert 'as written in the code' not in note[1]
-
-
-@functools.cache
-def saved_library():
-    """The text of d2l/torch.py, d2l/mxnet.py and d2l/paddle.py, read once."""
-    return ''.join((ROOT / 'd2l' / f'{m}.py').read_text() for m in ('torch', 'mxnet', 'paddle'))
-
-
-HIDDEN = [(md.relative_to(ROOT).with_suffix('.html').as_posix(), name)
-          for md in sorted(ROOT.glob('chapter_*/*.md'))
-          for name in hidden_definitions(md)]
-
-
-def test_some_pages_hide_cells():
-    assert HIDDEN, 'no page has a #@hide cell: the check below would test nothing'
-
-
-@pytest.mark.parametrize('page_path,name', HIDDEN)
-def test_a_hidden_cell_runs_but_its_code_stays_off_the_page(html_dir, page_path, name):
-    """d2lbook drops `#@hide` cells from the HTML; the notebooks and `d2l` keep them."""
-    assert f'def {name}(' not in page_text(html_dir / page_path)
-    assert f'def {name}(' in saved_library(), f'{name} is hidden but not saved into d2l'
 
 
 CODE_BLOCK = re.compile(r'<div class="highlight-python[^"]*"><div class="highlight"><pre>(.*?)</pre>',
