@@ -104,7 +104,7 @@ def idx_labels(values):
 
 
 @pytest.fixture
-def fixture_data(d2l, monkeypatch, tmp_path):
+def fixture_data(monkeypatch, tmp_path):
     """Tiny label files in three search locations; the real hash table knows them.
 
     Each location holds labels of a different value, so the value read back
@@ -113,7 +113,7 @@ def fixture_data(d2l, monkeypatch, tmp_path):
     contents = {v: idx_labels([v] * 5) for v in (1, 2, 3)}
     monkeypatch.setattr(runtime, '_FASHION_MNIST_CACHE', {})
     monkeypatch.setattr(runtime, '_SAID', set())
-    monkeypatch.setitem(d2l.FASHION_MNIST_SHA256, LABELS,
+    monkeypatch.setitem(runtime.FASHION_MNIST_SHA256, LABELS,
                         hashlib.sha256(contents[1]).hexdigest())
     monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path / 'cache'))
     dirs = (tmp_path / 'env', tmp_path / 'cache' / 'd2l' / 'fashion-mnist',
@@ -132,35 +132,35 @@ def fixture_data(d2l, monkeypatch, tmp_path):
     return dirs, contents
 
 
-def read_value(d2l):
-    return int(d2l.read_idx_file(LABELS)[0])
+def read_value():
+    return int(runtime.read_idx_file(LABELS)[0])
 
 
-def test_search_order_is_env_then_user_cache_then_system(d2l, monkeypatch,
+def test_search_order_is_env_then_user_cache_then_system(monkeypatch,
                                                     fixture_data):
     (env_dir, local_dir, system_dir), contents = fixture_data
     # Every copy must verify, so give each location the same hash.
     for folder, value in zip((env_dir, local_dir, system_dir), (1, 2, 3)):
-        monkeypatch.setitem(d2l.FASHION_MNIST_SHA256, LABELS,
+        monkeypatch.setitem(runtime.FASHION_MNIST_SHA256, LABELS,
                             hashlib.sha256(contents[value]).hexdigest())
-        assert read_value(d2l) == value
+        assert read_value() == value
         (folder / f'{LABELS}.gz').unlink()
 
 
-def test_unpacked_files_are_accepted(d2l, fixture_data):
+def test_unpacked_files_are_accepted(fixture_data):
     (env_dir, _, _), contents = fixture_data
     (env_dir / f'{LABELS}.gz').unlink()
     (env_dir / LABELS).write_bytes(contents[1])
-    assert read_value(d2l) == 1
+    assert read_value() == 1
 
 
 def test_missing_everywhere_and_offline_names_the_three_remedies(
-        d2l, monkeypatch, fixture_data):
+        monkeypatch, fixture_data):
     (env_dir, local_dir, system_dir), _ = fixture_data
     for folder in (env_dir, local_dir, system_dir):
         (folder / f'{LABELS}.gz').unlink()
-    with pytest.raises(d2l.DatasetError) as info:
-        d2l.read_idx_file(LABELS)
+    with pytest.raises(runtime.DatasetError) as info:
+        runtime.read_idx_file(LABELS)
     message = str(info.value)
     assert 'D2L_DATA_DIR' in message
     assert 'apt-get install dataset-fashion-mnist' in message
@@ -170,23 +170,22 @@ def test_missing_everywhere_and_offline_names_the_three_remedies(
     assert info.value.__cause__ is None and info.value.__suppress_context__
 
 
-def test_truncated_file_names_the_file_and_the_expected_hash(d2l,
-                                                             fixture_data):
+def test_truncated_file_names_the_file_and_the_expected_hash(fixture_data):
     (env_dir, _, _), _ = fixture_data
     path = env_dir / f'{LABELS}.gz'
     path.write_bytes(path.read_bytes()[:-6])
-    with pytest.raises(d2l.DatasetError) as info:
-        d2l.read_idx_file(LABELS)
+    with pytest.raises(runtime.DatasetError) as info:
+        runtime.read_idx_file(LABELS)
     assert str(path) in str(info.value)
-    assert d2l.FASHION_MNIST_SHA256[LABELS] in str(info.value)
+    assert runtime.FASHION_MNIST_SHA256[LABELS] in str(info.value)
 
 
-def test_wrong_contents_are_a_hash_mismatch(d2l, fixture_data):
+def test_wrong_contents_are_a_hash_mismatch(fixture_data):
     (env_dir, _, _), contents = fixture_data
     (env_dir / f'{LABELS}.gz').write_bytes(gzip.compress(idx_labels([9] * 5)))
-    with pytest.raises(d2l.DatasetError, match='corrupt or truncated') as info:
-        d2l.read_idx_file(LABELS)
-    assert d2l.FASHION_MNIST_SHA256[LABELS] in str(info.value)
+    with pytest.raises(runtime.DatasetError, match='corrupt or truncated') as info:
+        runtime.read_idx_file(LABELS)
+    assert runtime.FASHION_MNIST_SHA256[LABELS] in str(info.value)
 
 
 # ---------------------------------------------------------------- downloads
@@ -223,36 +222,36 @@ def empty_search_path(env_dir, local_dir, system_dir):
         (folder / f'{LABELS}.gz').unlink()
 
 
-def test_download_is_verified_and_written_atomically(d2l, fixture_data,
+def test_download_is_verified_and_written_atomically(fixture_data,
                                                      mirror):
     dirs, contents = fixture_data
     empty_search_path(*dirs)
     mirror.body = gzip.compress(contents[1])
-    assert read_value(d2l) == 1
+    assert read_value() == 1
     assert sorted(p.name for p in dirs[0].iterdir()) == [f'{LABELS}.gz']
     assert gzip.decompress((dirs[0] / f'{LABELS}.gz').read_bytes()) == \
         contents[1]
 
 
-def test_corrupt_download_is_rejected_and_nothing_is_kept(d2l, fixture_data,
+def test_corrupt_download_is_rejected_and_nothing_is_kept(fixture_data,
                                                           mirror):
     dirs, contents = fixture_data
     empty_search_path(*dirs)
     mirror.body = gzip.compress(idx_labels([7] * 5))
-    with pytest.raises(d2l.DatasetError) as info:
-        d2l.read_idx_file(LABELS)
-    assert d2l.FASHION_MNIST_SHA256[LABELS] in str(info.value)
+    with pytest.raises(runtime.DatasetError) as info:
+        runtime.read_idx_file(LABELS)
+    assert runtime.FASHION_MNIST_SHA256[LABELS] in str(info.value)
     assert '127.0.0.1' in str(info.value)
     assert list(dirs[0].iterdir()) == []
 
 
 def test_downloads_go_to_the_user_cache_without_d2l_data_dir(
-        d2l, monkeypatch, fixture_data, mirror):
+        monkeypatch, fixture_data, mirror):
     dirs, contents = fixture_data
     empty_search_path(*dirs)
     monkeypatch.delenv('D2L_DATA_DIR')
     mirror.body = gzip.compress(contents[1])
-    assert read_value(d2l) == 1
+    assert read_value() == 1
     assert (dirs[1] / f'{LABELS}.gz').is_file()
 
 
@@ -279,8 +278,8 @@ def test_the_data_folder_does_not_depend_on_the_working_directory(
                D2L_QUICK='1',
                D2L_FASHION_MNIST_MIRROR=f'http://127.0.0.1:{closed_port}/')
     env.pop('D2L_DATA_DIR', None)
-    code = (f'from d2l import {MODULES[framework]} as d2l; '
-            f'd2l.FASHION_MNIST_SYSTEM_DIR = {str(tmp_path / "none")!r}; '
+    code = (f'from d2l import {MODULES[framework]} as d2l, runtime; '
+            f'runtime.FASHION_MNIST_SYSTEM_DIR = {str(tmp_path / "none")!r}; '
             'd2l.load_data_fashion_mnist(64)')
     out = subprocess.run([sys.executable, '-c', code], cwd=workdir, env=env,
                          capture_output=True, text=True, timeout=180)
@@ -312,7 +311,7 @@ def serve(handler, monkeypatch):
     return server
 
 
-def test_readers_that_start_together_download_once(d2l, monkeypatch,
+def test_readers_that_start_together_download_once(monkeypatch,
                                                    fixture_data):
     """Four readers without the file: one downloads, the others wait and reuse it."""
     dirs, contents = fixture_data
@@ -324,7 +323,7 @@ def test_readers_that_start_together_download_once(d2l, monkeypatch,
 
     def reader():
         try:
-            values.append(read_value(d2l))
+            values.append(read_value())
         except Exception as err:  # reported below, in the test's thread
             errors.append(err)
     try:
@@ -365,15 +364,15 @@ class _CutOffMirror(http.server.BaseHTTPRequestHandler):
 @pytest.mark.parametrize('reset', [False, True],
                          ids=['cut-short', 'connection-reset'])
 def test_a_download_cut_off_midway_names_file_url_and_remedy(
-        d2l, monkeypatch, fixture_data, reset):
+        monkeypatch, fixture_data, reset):
     dirs, contents = fixture_data
     empty_search_path(*dirs)
     _CutOffMirror.body = gzip.compress(contents[1]) * 50
     _CutOffMirror.reset = reset
     server = serve(_CutOffMirror, monkeypatch)
     try:
-        with pytest.raises(d2l.DatasetError) as info:
-            d2l.read_idx_file(LABELS)
+        with pytest.raises(runtime.DatasetError) as info:
+            runtime.read_idx_file(LABELS)
     finally:
         server.shutdown()
         server.server_close()
