@@ -123,7 +123,7 @@ def launch_local_job(num_workers, argv):
     workers = [start('worker', argv, PORT=str(p)) for p in ports]
     try:
         servers_ended = None  # when a server or the scheduler ended
-        while any(w.poll() is None for w in workers):
+        while None in [w.poll() for w in workers]:  # polls every one
             if any(w.returncode for w in workers):
                 break  # the others would wait for it for good
             if servers_ended is None and any(s.poll() is not None

@@ -883,8 +883,8 @@ def test_a_launcher_s_timeout_also_bounds_each_exchange(ddp, framework):
 
 
 # ---- MXNet's launcher helpers: a scheduler, a server and workers by hand. ----
-# MXNet 1.9.1's tools/launch.py fails on Python 3.9+ (Thread.isAlive), so the
-# tests set the DMLC_* variables it would set, as spawn_ranks does.
+# The tests set the DMLC_* variables themselves, as the page's two-machine
+# command does (MXNet 1.9.1's tools/launch.py fails on Python 3.9+).
 
 
 def dmlc_env(port, num_workers, role):
@@ -939,6 +939,35 @@ def test_mxnet_launcher_ranks_are_the_store_s_and_process_group_reuses_it():
         assert same and total == 3.0  # 1 + 2
     # The workers freed the store at exit, which stops the scheduler and server.
     assert [proc.returncode for *_, proc in ended] == [0, 0]
+
+
+@needs_mxnet
+def test_a_failing_worker_of_the_mxnet_script_s_own_job_stops_the_job(
+        tmp_path):
+    worker = textwrap.dedent(f'''
+        import os, sys, time
+        from d2l import mxnet as d2l
+        rank = d2l.launcher_ranks()[0]  # joins the job
+        with open(os.path.join({str(tmp_path)!r}, f'pid{{rank}}'), 'w') as f:
+            f.write(str(os.getpid()))
+        if rank == 1:
+            time.sleep(1)
+            raise RuntimeError('rank 1 broke on purpose')
+        time.sleep(600)  # rank 0 would wait for rank 1 for good
+        ''')
+    proc = start([sys.executable, '-c', 'import sys\n'
+                  'from d2l import mxnet as d2l\n'
+                  f'sys.exit(d2l.launch_local_job(2, ["-c", {worker!r}]))'])
+    began = time.monotonic()
+    _, err = finish(proc, 180)
+    assert proc.returncode == 1, err[-3000:]
+    assert 'rank 1 broke on purpose' in err
+    assert 'worker 1 exited with code 1; stopping the job' in err
+    assert time.monotonic() - began < 120
+    for rank in (0, 1):
+        pid = int((tmp_path / f'pid{rank}').read_text())
+        assert not pathlib.Path(f'/proc/{pid}').exists() or open(
+            f'/proc/{pid}/stat').read().rsplit(')', 1)[1].split()[0] == 'Z'
 
 
 @needs_mxnet
@@ -1049,7 +1078,7 @@ def printed_commands(framework):
     module = {'pytorch': 'torch', 'mxnet': 'mxnet', 'paddle': 'paddle'}
     script = pathlib.Path(importlib_module(framework).ddp_script_path())
     doc = ast.get_docstring(ast.parse(script.read_text()))
-    for block in re.findall(r'(?:^    \S.*\n?)+', doc, re.M):
+    for block in re.findall(r'(?:^    .*\S.*\n?)+', doc, re.M):
         found.append(('the docstring', textwrap.dedent(block).replace(
             '\\\n', ' ').strip()))
     # run without any launcher, from the book's root as the page says
