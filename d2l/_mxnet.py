@@ -103,6 +103,64 @@ def _start_servers(context, num_workers, out_dir, num_servers=1):
     return env, servers
 
 
+def launch_local_job(num_workers, argv):
+    """Run `python argv` as `num_workers` workers of a dist_sync job here; 0 or the first failure's exit code."""
+    # A scheduler and a server start too; everything listens on loopback.
+    # (MXNet's tools/launch.py calls Thread.isAlive, gone in Python 3.9.)
+    check_count(num_workers, 'num_workers', 1)
+    port, *ports = _free_ports(num_workers + 1)
+    env = dict(os.environ, DMLC_PS_ROOT_URI='127.0.0.1', DMLC_NUM_SERVER='1',
+               DMLC_NODE_HOST='127.0.0.1', DMLC_PS_ROOT_PORT=str(port),
+               DMLC_NUM_WORKER=str(num_workers), DMLC_JOB_CLUSTER='local')
+    if d2l.num_gpus() == 0:  # a worker is a core, as in spawn_ranks
+        env.setdefault('OMP_NUM_THREADS', '1')
+    def start(role, args, **more):
+        return subprocess.Popen([sys.executable, *args], env=dict(
+            env, DMLC_ROLE=role, **more), preexec_fn=_end_with_launcher)
+    servers = [start(role, ['-c', 'import mxnet'])
+               for role in ('scheduler', 'server')]
+    # ps-lite numbers the workers in the order of their ports
+    workers = [start('worker', argv, PORT=str(p)) for p in ports]
+    try:
+        servers_ended = None  # when a server or the scheduler ended
+        while None in [w.poll() for w in workers]:  # polls every one
+            if any(w.returncode for w in workers):
+                break  # the others would wait for it for good
+            if servers_ended is None and any(s.poll() is not None
+                                             for s in servers):
+                servers_ended = time.monotonic()  # the job is over, or broke
+            if servers_ended and time.monotonic() - servers_ended > 30:
+                break
+            time.sleep(0.1)
+        codes = [w.poll() for w in workers]
+        failed = [(r, c) for r, c in enumerate(codes) if c]
+        if failed or None in codes:
+            rank, code = failed[0] if failed else (None, 1)
+            print('launch_local_job: ' + (
+                f'worker {rank} exited with code {code}' if failed else
+                'the scheduler or the server ended early') +
+                '; stopping the job', file=sys.stderr, flush=True)
+            return code
+        for server in servers:  # they end once every worker has left
+            try:
+                server.wait(30)
+            except subprocess.TimeoutExpired:
+                pass  # stopped below
+        return 0
+    finally:
+        for proc in workers + servers:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+
+
+def _end_with_launcher():
+    """In a process that launch_local_job starts: die when the launcher does."""
+    if sys.platform.startswith('linux'):
+        import ctypes
+        ctypes.CDLL(None).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
+
+
 def _serve(role, env, log_path, parent_pid):
     """Become MXNet's scheduler or a server (`role`) for one job, logging to `log_path`; die with the parent."""
     log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
@@ -452,7 +510,8 @@ def ddp_script_path(framework=None):
 
 __all__ = [
     '_device_name', '_device_names', '_one_thread', '_batchify_resized',
-    '_worker_context', '_free_ports', '_start_servers', '_serve',
+    '_worker_context', '_free_ports', '_start_servers',
+    'launch_local_job', '_end_with_launcher', '_serve',
     'check_lenet_args', 'check_model_kind', 'check_zero_init',
     'check_zero_step', '_run_rank', '_stand_down', '_rendezvous_address',
     '_JOB', '_job_store', '_leave_failed_worker', '_join_deadline',

@@ -143,19 +143,23 @@ def _join_group(backend, init_method, rank, world_size, timeout_s):
         timeout_s = _PROCESS['launcher_timeout_s']
     timeout = timeout_s and datetime.timedelta(seconds=timeout_s)  # or None
     url = urllib.parse.urlsplit(init_method)
-    host = url.hostname
-    if url.scheme == 'env':  # set by torchrun, for example
+    host, port = url.hostname, url.port
+    if url.scheme == 'env':  # set by torchrun, or by hand
         host = os.environ.get('MASTER_ADDR')
+        port = _int_from_env('MASTER_PORT', 1)
     if _is_loopback(host):
         os.environ['GLOO_SOCKET_IFNAME'] = _loopback_interface()
-    if url.scheme != 'tcp' or not url.port or not _is_loopback(host):
+    # Under torchrun its agent runs the store, on every interface.
+    agent = os.environ.get('TORCHELASTIC_USE_AGENT_STORE') == 'True'
+    if url.scheme not in ('tcp', 'env') or not port or agent \
+            or not _is_loopback(host):
         dist.init_process_group(backend, init_method=init_method, rank=rank,
                                 world_size=world_size, timeout=timeout)
         return
     listener = None
     if rank == 0:  # TCPStore itself would listen on all interfaces
-        listener = socket.create_server((url.hostname, url.port)).detach()
-    store = dist.TCPStore(url.hostname, url.port, world_size, rank == 0,
+        listener = socket.create_server((host, port)).detach()
+    store = dist.TCPStore(host, port, world_size, rank == 0,
                           timeout or dist.default_pg_timeout,
                           master_listen_fd=listener)
     dist.init_process_group(backend, store=store, rank=rank,

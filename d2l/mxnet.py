@@ -433,7 +433,7 @@ def train_batch(X, y, device_params, devices, lr, allreduce_fn=allreduce):
         with _on(device):  # equal gradients keep the replicas equal
             d2l.sgd(W, lr, X.shape[0])
     # float() waits for every device
-    return d2l.check_finite([float(l) for l in losses], 'train_batch')
+    return d2l.check_finite([float(l.detach()) for l in losses], 'train_batch')
 
 def evaluate_accuracy_replicas(device_params, data_iter, devices):
     """LeNet's accuracy on `data_iter`, each batch split over the devices.
@@ -703,9 +703,9 @@ def launcher_ranks():
     missing = [name for name in names if name not in os.environ]
     if missing:
         raise RuntimeError(
-            f'{", ".join(missing)} not set: start this script with '
-            f"MXNet's tools/launch.py, for example with --launcher local "
-            f'-n 2 -s 1 python {sys.argv[0]}')
+            f'{", ".join(missing)} not set: set them as for several '
+            f'machines, or start a job here with --workers, for example '
+            f'python {sys.argv[0]} --workers 2')
     world_size = _int_from_env('DMLC_NUM_WORKER', 1)
     _int_from_env('DMLC_NUM_SERVER', 1)
     _int_from_env('DMLC_PS_ROOT_PORT', 1)

@@ -433,7 +433,7 @@ def train_batch(X, y, device_params, devices, lr, allreduce_fn=allreduce):
         with _on(device):  # equal gradients keep the replicas equal
             d2l.sgd(W, lr, X.shape[0])
     # float() waits for every device
-    return d2l.check_finite([float(l) for l in losses], 'train_batch')
+    return d2l.check_finite([float(l.detach()) for l in losses], 'train_batch')
 
 def evaluate_accuracy_replicas(device_params, data_iter, devices):
     """LeNet's accuracy on `data_iter`, each batch split over the devices.
@@ -803,7 +803,7 @@ def sgd_on_shards(net, optimizer, rank, world_size, num_steps, batch_size,
         loss.backward()  # a wrapped model averages gradients over ranks
         optimizer.step()
     if num_steps:  # the last step's loss
-        return d2l.check_finite(float(loss), 'sgd_on_shards')
+        return d2l.check_finite(float(loss.detach()), 'sgd_on_shards')
 
 def ddp_sgd_steps(rank, world_size, init_method, num_steps, batch_size, lr):
     """Worker: `num_steps` SGD steps on `_small_mlp`; returns parameters.
@@ -988,7 +988,7 @@ def _ddp_epoch(net, optimizer, train_iter, device, world_size, epoch):
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        loss_sum += float(loss) * len(y)
+        loss_sum += float(loss.detach()) * len(y)
         n += len(y)
     loss_sum, n = _sum_over_ranks([loss_sum, n], device, world_size)
     return d2l.check_finite(loss_sum / n, f'_ddp_epoch in epoch {epoch + 1}')

@@ -102,3 +102,113 @@ def numpy(framework, x):
     if framework == 'paddle':
         return x.numpy()
     return x.detach().cpu().numpy()
+
+
+# Who listens during a run: the TCP sockets of a process tree (Linux /proc).
+
+def process_tree(root):
+    """The process id `root` and the ids of all its descendants."""
+    parent_of = {}
+    for entry in os.listdir('/proc'):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f'/proc/{entry}/stat') as f:
+                # the name in parentheses may hold spaces: split after it
+                parent_of[int(entry)] = int(f.read().rsplit(')', 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # ended meanwhile
+    tree, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        tree.append(pid)
+        todo += [child for child, parent in parent_of.items() if parent == pid]
+    return tree
+
+
+def listening_addresses(pids):
+    """(address, port, pid) of every TCP socket in LISTEN state that one of `pids` holds."""
+    import ipaddress
+    owner = {}  # socket inode -> process id
+    for pid in pids:
+        try:
+            fds = os.listdir(f'/proc/{pid}/fd')
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(f'/proc/{pid}/fd/{fd}')
+            except OSError:
+                continue
+            if target.startswith('socket:['):
+                owner.setdefault(target[len('socket:['):-1], pid)
+    found = []
+    for table in ('tcp', 'tcp6'):
+        with open(f'/proc/self/net/{table}') as f:
+            next(f)  # column names
+            for line in f:
+                fields = line.split()
+                local, state, inode = fields[1], fields[3], fields[9]
+                if state != '0A' or inode not in owner:  # 0A is LISTEN
+                    continue
+                host, port = local.split(':')
+                raw = bytes.fromhex(host)  # 32-bit words in host byte order
+                raw = b''.join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+                found.append((ipaddress.ip_address(raw), int(port, 16),
+                              owner[inode]))
+    return found
+
+
+def on_loopback(address):
+    """Whether an IPv4 or IPv6 address (an IPv4-mapped one too) is on loopback."""
+    mapped = getattr(address, 'ipv4_mapped', None)
+    return (mapped or address).is_loopback
+
+
+def watch_listeners(proc, deadline_s, every_s=0.2):
+    """Wait for `proc` at most `deadline_s`, noting what its process tree listens on; (stdout, stderr, listeners).
+
+    listeners holds (address as text, port, command line of the owner) for
+    every TCP socket seen in LISTEN state. The whole process group of `proc`
+    (started with start_new_session=True) is killed at the end in any case.
+    """
+    import signal
+    import subprocess
+    import threading
+    outcome = {}
+
+    def wait():
+        try:
+            outcome['io'] = proc.communicate(timeout=deadline_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            outcome['io'] = proc.communicate()
+            outcome['late'] = True
+    waiter = threading.Thread(target=wait, daemon=True)
+    waiter.start()
+    seen = set()
+    while waiter.is_alive():
+        for address, port, pid in listening_addresses(process_tree(proc.pid)):
+            try:
+                with open(f'/proc/{pid}/cmdline', 'rb') as f:
+                    command = f.read().replace(b'\0', b' ').decode().strip()
+            except OSError:
+                command = '?'
+            seen.add((str(address), port, command))
+        waiter.join(every_s)
+    try:  # processes that outlived the leader go too
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    out, err = outcome['io']
+    if outcome.get('late'):
+        pytest.fail(f'still running after {deadline_s} s and killed; its '
+                    f'stderr ended with:\n{err[-3000:]}')
+    return out, err, sorted(seen)
+
+
+def exposed(listeners):
+    """The listeners of watch_listeners (or listening_addresses) that are not on loopback."""
+    import ipaddress
+    return [entry for entry in listeners
+            if not on_loopback(ipaddress.ip_address(str(entry[0])))]

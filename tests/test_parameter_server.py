@@ -14,10 +14,10 @@ import time
 
 import pytest
 
-from conftest import needs_mxnet
-from test_process_groups import (RESULT, finish, listening_addresses,
-                                 on_loopback, process_tree, result_of,
-                                 scenario_env, start)
+from conftest import (exposed, listening_addresses, needs_mxnet,
+                      process_tree)
+from test_process_groups import (RESULT, finish, result_of, scenario_env,
+                                 start)
 
 pytestmark = [needs_mxnet, pytest.mark.skipif(
     not pathlib.Path('/proc/self/net/tcp').exists(), reason='Linux /proc')]
@@ -178,8 +178,8 @@ def test_scheduler_server_and_workers_listen_on_loopback_only(tmp_path):
     assert result_of(*finish(proc, 120), proc) == [0, 1]
     # scheduler, server and two workers each listen
     assert len(listeners) >= 4, listeners
-    exposed = [(str(a), p) for a, p in listeners if not on_loopback(a)]
-    assert exposed == [], f'listening beyond loopback: {exposed}'
+    beyond = exposed(listeners)
+    assert beyond == [], f'listening beyond loopback: {beyond}'
 
 
 def test_two_workers_through_dist_sync_take_one_process_s_sgd_steps(tmp_path):

@@ -23,7 +23,8 @@ import time
 import numpy as np
 import pytest
 
-from conftest import FRAMEWORKS, needs_mxnet
+from conftest import (FRAMEWORKS, exposed, listening_addresses,
+                      needs_mxnet, process_tree, watch_listeners)
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 RESULT = 'RESULT '  # prefix of the line on which a scenario reports
@@ -786,63 +787,6 @@ def test_torchrun_gives_up_on_a_missing_machine_after_its_rendezvous_timeout(
     assert '1/2 clients joined' in err, err[-3000:]
 
 
-def process_tree(root):
-    """Process `root` and all its descendants (Linux /proc)."""
-    children = {}
-    for entry in os.listdir('/proc'):
-        if entry.isdigit():
-            try:
-                with open(f'/proc/{entry}/stat') as f:
-                    parent = int(f.read().rsplit(')', 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(parent, []).append(int(entry))
-    tree, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        tree.append(pid)
-        todo += children.get(pid, [])
-    return tree
-
-
-def listening_addresses(pids):
-    """(address, port) of every TCP socket on which processes `pids` listen (Linux /proc)."""
-    import ipaddress
-    inodes = set()
-    for pid in pids:
-        try:
-            fds = os.listdir(f'/proc/{pid}/fd')
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                target = os.readlink(f'/proc/{pid}/fd/{fd}')
-            except OSError:
-                continue
-            if target.startswith('socket:['):
-                inodes.add(target[len('socket:['):-1])
-    found = []
-    for table in ('tcp', 'tcp6'):
-        with open(f'/proc/self/net/{table}') as f:
-            next(f)  # the header
-            for line in f:
-                fields = line.split()
-                local, state, inode = fields[1], fields[3], fields[9]
-                if state != '0A' or inode not in inodes:  # 0A: LISTEN
-                    continue
-                host, port = local.split(':')
-                raw = bytes.fromhex(host)  # 32-bit words, little-endian
-                raw = b''.join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
-                found.append((ipaddress.ip_address(raw), int(port, 16)))
-    return found
-
-
-def on_loopback(address):
-    """Whether an IPv4 or IPv6 address (IPv4-mapped too) is a loopback address."""
-    mapped = getattr(address, 'ipv4_mapped', None)
-    return (mapped or address).is_loopback
-
-
 @pytest.mark.skipif(not pathlib.Path('/proc/self/net/tcp').exists(),
                     reason='reads /proc/net/tcp (Linux)')
 def test_a_run_on_one_machine_listens_on_loopback_only(ddp, framework,
@@ -867,11 +811,11 @@ def test_a_run_on_one_machine_listens_on_loopback_only(ddp, framework,
         (markers / 'leave').write_text('')
     seen = result_of(*finish(proc, 120), proc)
     assert listeners, 'found no listening socket of the run'
-    exposed = [(str(a), p) for a, p in listeners if not on_loopback(a)]
+    beyond = exposed(listeners)
     if framework == 'paddle':  # its store cannot be confined; the page says so
         store = int(seen[0]['endpoints'].split(',')[0].rsplit(':', 1)[1])
-        exposed = [(a, p) for a, p in exposed if p != store]
-    assert exposed == [], f'listening beyond loopback: {exposed}'
+        beyond = [entry for entry in beyond if entry[1] != store]
+    assert beyond == [], f'listening beyond loopback: {beyond}'
     assert [rank['gloo'] for rank in seen] == ['lo', 'lo']
 
 
@@ -939,8 +883,8 @@ def test_a_launcher_s_timeout_also_bounds_each_exchange(ddp, framework):
 
 
 # ---- MXNet's launcher helpers: a scheduler, a server and workers by hand. ----
-# MXNet 1.9.1's tools/launch.py fails on Python 3.9+ (Thread.isAlive), so the
-# tests set the DMLC_* variables it would set, as spawn_ranks does.
+# The tests set the DMLC_* variables themselves, as the page's two-machine
+# command does (MXNet 1.9.1's tools/launch.py fails on Python 3.9+).
 
 
 def dmlc_env(port, num_workers, role):
@@ -998,14 +942,44 @@ def test_mxnet_launcher_ranks_are_the_store_s_and_process_group_reuses_it():
 
 
 @needs_mxnet
+def test_a_failing_worker_of_the_mxnet_script_s_own_job_stops_the_job(
+        tmp_path):
+    worker = textwrap.dedent(f'''
+        import os, sys, time
+        from d2l import mxnet as d2l
+        rank = d2l.launcher_ranks()[0]  # joins the job
+        with open(os.path.join({str(tmp_path)!r}, f'pid{{rank}}'), 'w') as f:
+            f.write(str(os.getpid()))
+        if rank == 1:
+            time.sleep(1)
+            raise RuntimeError('rank 1 broke on purpose')
+        time.sleep(600)  # rank 0 would wait for rank 1 for good
+        ''')
+    proc = start([sys.executable, '-c', 'import sys\n'
+                  'from d2l import mxnet as d2l\n'
+                  f'sys.exit(d2l.launch_local_job(2, ["-c", {worker!r}]))'])
+    began = time.monotonic()
+    _, err = finish(proc, 180)
+    assert proc.returncode == 1, err[-3000:]
+    assert 'rank 1 broke on purpose' in err
+    assert 'worker 1 exited with code 1; stopping the job' in err
+    assert time.monotonic() - began < 120
+    for rank in (0, 1):
+        pid = int((tmp_path / f'pid{rank}').read_text())
+        assert not pathlib.Path(f'/proc/{pid}').exists() or open(
+            f'/proc/{pid}/stat').read().rsplit(')', 1)[1].split()[0] == 'Z'
+
+
+@needs_mxnet
 def test_mxnet_launcher_ranks_name_a_missing_or_bad_variable(monkeypatch):
     from d2l import mxnet as d2l
     names = ('DMLC_ROLE', 'DMLC_PS_ROOT_URI', 'DMLC_PS_ROOT_PORT',
              'DMLC_NUM_WORKER', 'DMLC_NUM_SERVER')
     for name in names:
         monkeypatch.delenv(name, raising=False)
-    with pytest.raises(RuntimeError, match=', '.join(names) + " not set: start "
-                       "this script with MXNet's tools/launch.py"):
+    with pytest.raises(RuntimeError, match=', '.join(names) + " not set: "
+                       "set them as for several machines, or start a job "
+                       "here with --workers"):
         d2l.launcher_ranks()
     for name, value in dmlc_env(9, 2, 'worker').items():
         monkeypatch.setenv(name, value)
@@ -1073,3 +1047,183 @@ def test_mxnet_launcher_script_lies_where_the_book_says_and_states_its_timeout()
     assert shown.returncode == 0, shown.stderr[-2000:]
     text = ' '.join(shown.stdout.split())
     assert '--timeout' in text and '(default: 300)' in text
+
+
+# ---- The launcher commands the book prints run as printed (issue 43). ----
+# Each is read from where the book prints it: the bash blocks of the page's
+# launcher section, the launcher scripts' docstrings, and the command that
+# launcher_ranks suggests when a script runs without a launcher. It then runs
+# briefly on this CPU machine (short_run says how it is adapted).
+
+
+def _bash_blocks(text):
+    """The ```bash blocks of markdown `text`, continuation lines joined."""
+    import re
+    return [block.replace('\\\n', ' ').strip() for block in
+            re.findall(r'^```bash\n(.*?)^```', text, re.M | re.S)]
+
+
+def printed_commands(framework):
+    """(where, command) for every launcher command the book prints for `framework`."""
+    import ast
+    import re
+    page = (ROOT / 'chapter_multi_gpu' / 'process-groups.md').read_text()
+    section = page[page.index('## Launchers and Several Machines'):
+                   page.index('## Summary')]
+    found = []
+    for tabs, body in re.findall(r'^:begin_tab:`([^`]*)`\n(.*?)^:end_tab:',
+                                 section, re.M | re.S):
+        if framework in [t.strip() for t in tabs.split(',')]:
+            found += [('the page', block) for block in _bash_blocks(body)]
+    module = {'pytorch': 'torch', 'mxnet': 'mxnet', 'paddle': 'paddle'}
+    script = pathlib.Path(importlib_module(framework).ddp_script_path())
+    doc = ast.get_docstring(ast.parse(script.read_text()))
+    for block in re.findall(r'(?:^    .*\S.*\n?)+', doc, re.M):
+        found.append(('the docstring', textwrap.dedent(block).replace(
+            '\\\n', ' ').strip()))
+    # run without any launcher, from the book's root as the page says
+    env = {k: v for k, v in scenario_env().items()
+           if not k.startswith(('RANK', 'WORLD_SIZE', 'MASTER_', 'PADDLE_',
+                                'DMLC_', 'LOCAL_'))}
+    bare = subprocess.run(
+        [sys.executable, f'chapter_multi_gpu/{script.name}'], cwd=ROOT,
+        env=env, capture_output=True, text=True, timeout=120)
+    hint = re.search(r'for example (.+)$', bare.stderr, re.M)
+    assert hint, f'{module[framework]} script names no command:\n' \
+        + bare.stderr[-2000:]
+    found.append(('the error of launcher_ranks', hint.group(1).strip()))
+    return found
+
+
+def importlib_module(framework):
+    import importlib
+    module = {'pytorch': 'torch', 'mxnet': 'mxnet', 'paddle': 'paddle'}
+    return importlib.import_module(f'd2l.{module[framework]}')
+
+
+def short_run(command, port):
+    """`command` as this CPU-only machine runs it briefly: the shell text of each machine's part.
+
+    One epoch instead of ten; 2 processes in all instead of 8 GPUs per
+    machine; 127.0.0.1 and a free port for the first machine's address;
+    a two-machine command runs twice here, with --node_rank=1 (torchrun) or
+    without the scheduler's line (MXNet) on the second "machine".
+    """
+    import re
+    machines = 2 if re.search(r'--nnodes[= ]2|DMLC_NUM_WORKER=2', command) \
+        and '--workers' not in command else 1
+    per_machine = 2 // machines
+    text = re.sub(r'--epochs \d+', '--epochs 1', command)
+    text = re.sub(r'(ddp_train\S*\.py(?!.*--epochs)[^&\n]*?)(\s*&)?$',
+                  r'\1 --epochs 1\2', text, flags=re.M)
+    text = re.sub(r'--nproc_per_node=\d+', f'--nproc_per_node={per_machine}',
+                  text)
+    text = re.sub(r'--nproc_per_node \d+|--devices [\d,]+',
+                  f'--nproc_per_node {per_machine}', text)
+    text = text.replace('10.0.0.1', '127.0.0.1')
+    text = re.sub(r'(127\.0\.0\.1:|--master_port=|MASTER_PORT=|DMLC_PS_ROOT_PORT=)\d+',
+                  rf'\g<1>{port}', text)
+    parts = [text]
+    if machines == 2:
+        if '--node_rank=0' in text:
+            parts.append(text.replace('--node_rank=0', '--node_rank=1'))
+        elif 'DMLC_ROLE=scheduler' in text:
+            parts.append('\n'.join(line for line in text.splitlines()
+                                   if 'DMLC_ROLE=scheduler' not in line))
+        else:
+            parts.append(text)
+    return parts
+
+
+def run_printed(command, workdir, deadline_s=400):
+    """Run `command` (short_run's parts at once) in `workdir`; (outputs of all parts and logs, return codes, listeners)."""
+    import socket
+    with socket.socket() as probe:
+        probe.bind(('127.0.0.1', 0))
+        port = probe.getsockname()[1]
+    env = dict(scenario_env(), PATH=os.path.dirname(sys.executable) + ':'
+               + os.environ['PATH'])
+    procs = [start(['bash', '-c', part], cwd=workdir, env=env)
+             for part in short_run(command, port)]
+    texts, codes, listeners = [], [], []
+    for proc in procs:
+        out, err, seen = watch_listeners(proc, deadline_s)
+        texts.append(out + err)
+        codes.append(proc.returncode)
+        listeners += seen
+    texts += [log.read_text() for log in workdir.glob('log/workerlog.*')]
+    return '\n'.join(texts), codes, listeners
+
+
+@pytest.mark.slow
+def test_every_launcher_command_the_book_prints_runs_as_printed(framework,
+                                                                 tmp_path):
+    commands = printed_commands(framework)
+    seen = {}
+    for where, command in commands:  # the same run once
+        seen.setdefault(tuple(short_run(command, 1)), (where, command))
+    assert len(commands) >= 3 and len(seen) >= 2, commands
+    failures = []
+    for i, (where, command) in enumerate(seen.values()):
+        workdir = tmp_path / str(i)  # as the book's root folder
+        workdir.mkdir()
+        (workdir / 'chapter_multi_gpu').symlink_to(ROOT / 'chapter_multi_gpu')
+        text, codes, _ = run_printed(command, workdir)
+        if codes != [0] * len(codes) or 'test accuracy' not in text:
+            failures.append(f'{where}: {command}\nexit codes {codes}\n'
+                            f'{text[-2500:]}')
+    assert failures == [], '\n\n'.join(failures)
+
+
+@pytest.mark.slow
+def test_a_torchrun_run_of_the_launcher_script_prints_no_warning_from_d2l(
+        tmp_path):
+    if 'pytorch' not in FRAMEWORKS:
+        pytest.skip('PyTorch is not in D2L_TEST_FRAMEWORKS')
+    (tmp_path / 'chapter_multi_gpu').symlink_to(ROOT / 'chapter_multi_gpu')
+    text, codes, _ = run_printed(
+        'torchrun --standalone --nproc_per_node=2 '
+        'chapter_multi_gpu/ddp_train.py --epochs 1', tmp_path)
+    assert codes == [0], text[-3000:]
+    warnings = [line for line in text.splitlines() if 'Warning' in line
+                and ('d2l/' in line or 'd2l' + os.sep in line)]
+    assert warnings == [], text[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not pathlib.Path('/proc/self/net/tcp').exists(),
+                    reason='reads /proc/net/tcp (Linux)')
+def test_a_launcher_run_on_one_machine_exposes_only_what_the_page_names(
+        framework, tmp_path):
+    # PyTorch by hand (the variables torchrun would set) and MXNet's --workers
+    # listen on loopback only; torchrun's agent and PaddlePaddle's store on
+    # rank 0 listen on every interface, as the page says.
+    page = ' '.join((ROOT / 'chapter_multi_gpu' / 'process-groups.md')
+                    .read_text().split())
+    (tmp_path / 'chapter_multi_gpu').symlink_to(ROOT / 'chapter_multi_gpu')
+    runs = {'pytorch': [
+        'export MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 WORLD_SIZE=2 '
+        'LOCAL_WORLD_SIZE=2\n'
+        'RANK=1 LOCAL_RANK=1 python chapter_multi_gpu/ddp_train.py &\n'
+        'RANK=0 LOCAL_RANK=0 python chapter_multi_gpu/ddp_train.py\nwait',
+        'torchrun --standalone --nproc_per_node=2 '
+        'chapter_multi_gpu/ddp_train.py'],
+        'paddle': ['python -m paddle.distributed.launch --nproc_per_node 2 '
+                   'chapter_multi_gpu/ddp_train_paddle.py'],
+        'mxnet': ['python chapter_multi_gpu/ddp_train_mxnet.py --workers 2']}
+    for command in runs[framework]:
+        text, codes, listeners = run_printed(command, tmp_path)
+        assert codes == [0], text[-3000:]
+        assert len(listeners) >= 2, listeners  # the run was watched
+        beyond = exposed(listeners)
+        if 'torchrun' in command:
+            assert '`torchrun` opens two stores of its own on every' in page
+            assert len(beyond) == 2 and all(
+                'torchrun' in owner for *_, owner in beyond), beyond
+        elif framework == 'paddle':
+            assert "rank 0's rendezvous store listens on every network " \
+                   "interface" in page
+            assert len(beyond) == 1 and 'ddp_train_paddle' in beyond[0][2], \
+                beyond
+        else:
+            assert beyond == [], f'listening beyond loopback: {beyond}'
