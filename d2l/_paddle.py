@@ -302,8 +302,7 @@ def check_pipeline_runs(runs, num_stages, X, y, depth, width):
     check_count(depth, 'depth', 1)
     check_count(width, 'width', 1)
     d2l.split_stages(range(depth), num_stages)  # enough blocks for the stages
-    if not isinstance(runs, (list, tuple)) or not runs:
-        raise ValueError('runs must list (schedule, num_microbatches) pairs')
+    check_runs(runs)
     for schedule, m in runs:
         d2l.check_schedule(schedule, num_stages, m)
         d2l.split_microbatches(X, y, m)  # enough examples

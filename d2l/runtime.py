@@ -121,9 +121,8 @@ def check_finite(value, name, params=()):
     """The sum of `value` (a loss, or a list of them) as a float, if finite.
 
     `params` (a model, its parameters after an update, or gradients) must
-    sum to a finite number too: a ReLU or max-pooling layer can turn nan
-    activations into finite ones, leaving the loss finite and the parameters
-    nan."""
+    sum to a finite number too: PaddlePaddle's ReLU turns a nan activation
+    into 0, so a nan input can leave the loss finite and the weights nan."""
     values = value if isinstance(value, (list, tuple)) else [value]
     total = _finite_total(values)
     what, bad = 'the training loss', total
@@ -1046,6 +1045,23 @@ def check_steps(schedule, num_stages, num_microbatches):
         f'as pipeline_schedule returns; got {schedule!r:.60}')
 
 
+def check_stages(stages, timeout_s):
+    """The checks of run_pipeline: a list of stages, each a list of layers."""
+    check(isinstance(stages, (list, tuple)) and stages and all(
+        isinstance(s, (list, tuple)) and s for s in stages), 'stages must be '
+        'a non-empty list of stages, each a non-empty list of layers, as '
+        f'split_stages returns; got {stages!r:.60}')
+    check_number(timeout_s, 'timeout_s')
+
+
+def check_runs(runs):
+    """The runs of time_pipeline: (schedule, num_microbatches) pairs."""
+    check(isinstance(runs, (list, tuple)) and runs and all(
+        isinstance(r, (list, tuple)) and len(r) == 2 for r in runs),
+        'runs must list (schedule, num_microbatches) pairs; got '
+        f'{runs!r:.60}')
+
+
 def check_microbatches(X, y, num_microbatches):
     """Reject a minibatch that cannot be cut into `num_microbatches`."""
     check_count(num_microbatches, 'num_microbatches', 1)
@@ -1100,6 +1116,25 @@ def check_shards(results, key):
     check(key in results[0] and 'axes' in results[0], f'key {key!r} is not '
           f"among the results' keys {sorted(results[0])}; pass one of them "
           "(and results that hold 'axes')")
+
+
+def check_flat_shards(shards):
+    """Reject shards that all_gather cannot join: not 1-D tensors."""
+    check(isinstance(shards, (list, tuple)) and shards and all(
+        len(getattr(s, 'shape', (0, 0))) == 1 for s in shards), 'shards '
+        'must be a non-empty list of 1-D tensors, one per device (flatten '
+        f'them first); got {shards!r:.60}')
+
+
+def check_summary(summary):
+    """Reject a summary that is not train_ddp's for at least one epoch."""
+    keys = ('rank', 'world_size', 'device', 'backend', 'data', 'train_loss',
+            'test_acc', 'epoch_s')
+    check(isinstance(summary, dict) and all(k in summary for k in keys),
+          f'summary must be the dictionary that train_ddp returns, with keys '
+          f'{", ".join(keys)}; got {summary!r:.60}')
+    check(summary['epoch_s'], 'summary holds no epoch: pass what train_ddp '
+          'returned for num_epochs of at least 1')
 
 
 def check_mesh_args(world_size, d, hidden, batch_size, dp=2, tp=2):
@@ -1347,7 +1382,8 @@ __all__ = [
     'check_arrays', 'check_devices', 'check_batches', '_finite_total',
     'check_finite', 'check_collective', 'check_lr', 'check_steps',
     'check_microbatches', 'check_run_times', 'check_shards',
-    'check_mesh_args', 'MAX_BUCKETS', 'check_timing',
+    'check_mesh_args', 'MAX_BUCKETS', 'check_timing', 'check_stages',
+    'check_runs', 'check_flat_shards', 'check_summary',
     'check_gpu_index', 'check_num_devices', '_labels_and_predictions',
     '_minibatches', '_fraction_correct', '_check_sgd', '_points',
     '_check_loader_args', 'use_svg_display', 'in_notebook', 'add_to_class',

@@ -1048,9 +1048,7 @@ def describe_ddp_run(summary):
     """A few lines about a distributed training run, from a rank's summary.
 
     Defined in :numref:`sec_ddp_resnet`"""
-    if not summary.get('epoch_s'):
-        raise ValueError('summary holds no epoch: pass what train_ddp '
-                         'returned for num_epochs of at least 1')
+    d2l.check_summary(summary)
     s = summary
     losses = ', '.join(f'{l:.3f}' for l in s['train_loss'])
     accuracies = ', '.join(f'{a:.3f}' for a in s['test_acc'])
@@ -1185,9 +1183,7 @@ def all_gather(shards):
     """Concatenate the flat shards of k devices, the whole on every device.
 
     Defined in :numref:`sec_sharded_data_parallel`"""
-    if len(shards) == 0 or any(len(s.shape) != 1 for s in shards):
-        raise ValueError('shards must be a non-empty list of 1-D tensors, '
-                         'one per device (flatten them first)')
+    d2l.check_flat_shards(shards)
     gathered = []
     for x in shards:
         with _tensors_on(_device(x)):
@@ -1528,7 +1524,7 @@ def run_pipeline(stages, schedule, X, y, num_microbatches, timeout_s=60.0):
     """Run `schedule` with a thread per stage; times, peak bytes, loss.
 
     Defined in :numref:`sec_pipeline`"""
-    d2l.check_number(timeout_s, 'timeout_s')
+    d2l.check_stages(stages, timeout_s)
     p = len(stages)
     check_schedule(schedule, p, num_microbatches)
     Xs, ys = split_microbatches(X, y, num_microbatches)

@@ -916,6 +916,36 @@ ROUND_THREE = [
         lambda d2l, fw: d2l.fit_alpha_beta(generator_of([4, 8]),
                                            generator_of([1e-3, 2e-3]), 2),
         ValueError, 'num_bytes and seconds must be lists'),
+    Bad('pipeline', 'run_pipeline', 'stages as a generator',
+        lambda d2l, fw: d2l.run_pipeline(
+            generator_of(d2l.split_stages(d2l.pipeline_mlp(2, 4), 2)),
+            d2l.pipeline_schedule('gpipe', 2, 2),
+            floats(fw, np.zeros((4, 784))), labels(fw, [0, 1, 2, 3]), 2),
+        ValueError, 'stages must be a non-empty list of stages'),
+    Bad('pipeline', 'run_pipeline', 'the schedule as a generator',
+        lambda d2l, fw: d2l.run_pipeline(
+            d2l.split_stages(d2l.pipeline_mlp(2, 4), 2),
+            generator_of(d2l.pipeline_schedule('gpipe', 2, 2)),
+            floats(fw, np.zeros((4, 784))), labels(fw, [0, 1, 2, 3]), 2),
+        ValueError, 'schedule must be a list of (stage'),
+    Bad('pipeline', 'time_pipeline', 'a run of three fields',
+        lambda d2l, fw: d2l.time_pipeline(
+            [(1, 2, 3)], 2, floats(fw, np.zeros((4, 784))),
+            labels(fw, [0, 1, 2, 3]), 2, 4), ValueError,
+        'runs must list (schedule, num_microbatches) pairs'),
+    Bad('sharded', 'all_gather', 'a generator',
+        lambda d2l, fw: d2l.all_gather(generator_of([floats(fw, [1.0])])),
+        ValueError, 'shards must be a non-empty list of 1-D tensors'),
+    Bad('ddp-resnet18', 'describe_ddp_run', 'not a summary',
+        lambda d2l, fw: d2l.describe_ddp_run('rank 0'), ValueError,
+        'summary must be the dictionary that train_ddp returns'),
+    Bad('ddp-resnet18', 'describe_ddp_run', 'a summary without losses',
+        lambda d2l, fw: d2l.describe_ddp_run({'epoch_s': [1.0]}), ValueError,
+        'summary must be the dictionary that train_ddp returns'),
+    Bad('cost-model', 'fit_ps_alpha_beta', 'generators',
+        lambda d2l, fw: d2l.fit_ps_alpha_beta(generator_of([4, 8]),
+                                              generator_of([1e-3, 2e-3]), 2),
+        ValueError, 'num_bytes and seconds must be lists'),
     Bad('cost-model', 'ddp_buckets', 'a bucket smaller than a number',
         lambda d2l, fw: d2l.ddp_buckets(45e6, bucket_cap_mb=1e-6), ValueError,
         'bucket_cap_mb=1e-06'),
@@ -960,9 +990,9 @@ def test_an_allreduce_outside_a_job_says_where_to_run_it(framework, d2l,
 
 
 # A training path that meets nan or inf stops with an error that names it,
-# whether the loss shows it (PyTorch) or not: PaddlePaddle's and MXNet's ReLU
-# and max-pooling turn a nan activation into 0 or drop it, so their loss stays
-# finite while the gradients, and after the update the parameters, are nan.
+# whether the loss shows it or not: PaddlePaddle's ReLU turns a nan activation
+# into 0, so its loss stays finite while the gradients, and after the update
+# the weights, are nan (MXNet's pipeline loss stayed finite too).
 
 def test_a_step_on_nan_images_stops_the_run(framework, d2l):
     args = dict(lenet_step_args(d2l, framework), X=nan_images(framework))
