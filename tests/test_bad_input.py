@@ -496,7 +496,8 @@ SWEEP = [
         {'num_steps': 'count0', 'batch_size': 'count', 'lr': 'rate'}, True),
     Sweep('warmup_cosine_lr', ALL, lambda d2l, fw: (d2l.warmup_cosine_lr,
         dict(lr=0.1, epoch=0, num_epochs=3, warmup=1, start=0.05)),
-        {'warmup': 'count0', 'start': 'rate'}, True),
+        {'warmup': 'count0', 'start': 'rate', 'lr': 'rate', 'epoch': 'count0',
+         'num_epochs': 'count'}, True),
     Sweep('train_ddp', ALL, lambda d2l, fw: (d2l.train_ddp, dict(
         rank=0, world_size=1, init_method='env://', num_epochs=1,
         batch_size=32, lr=0.1)),
@@ -569,6 +570,21 @@ SWEEP = [
                       timeout_s=30)),
         {'num_stages': 'count', 'depth': 'count', 'width': 'count',
          'timeout_s': 'real'}, False),
+    Sweep('time_steps', ALL, lambda d2l, fw: (d2l.time_steps, dict(
+        net=None, optimizer=None, X=None, y=None, num_steps=1, warmup=0,
+        device='cpu')), {'num_steps': 'count', 'warmup': 'count0'}, False),
+    Sweep('time_compute', ALL, lambda d2l, fw: (d2l.time_compute, dict(
+        model='lenet', batch_size=2, threads=1, num_steps=1, warmup=0,
+        reps=1)), {'num_steps': 'count', 'warmup': 'count0',
+                   'threads': 'count or None', 'reps': 'count'}, False),
+    Sweep('time_ddp_configs', MULTI, lambda d2l, fw: (d2l.time_ddp_configs,
+        dict(world_size=1, configs=[{'model': 'lenet'}], global_batch=2,
+             num_steps=1, warmup=0, reps=1)),
+        {'num_steps': 'count', 'warmup': 'count0', 'reps': 'count'}, False),
+    Sweep('time_tensor_parallel', ALL, lambda d2l, fw: (
+        d2l.time_tensor_parallel, dict(k=2, d=2, hidden=4, batch_size=2,
+                                       num_steps=1, reps=1)),
+        {'num_steps': 'count', 'reps': 'count'}, False),
 ]
 
 SWEEP_CASES = [(row, param, bad) for row in SWEEP for param, kind in
@@ -1086,35 +1102,3 @@ def test_a_ddp_epoch_with_nan_weights_names_its_epoch(framework, d2l, quick):
     with one_process_group(framework, d2l):
         with pytest.raises(FloatingPointError, match='_ddp_epoch in epoch 1'):
             d2l._ddp_epoch(net, d2l._sgd(net, 0.1), [batch], 'cpu', 1, 0)
-
-
-ROUND_THREE_SWEEP = [
-    Sweep('warmup_cosine_lr', ALL, lambda d2l, fw: (d2l.warmup_cosine_lr,
-        dict(lr=0.1, epoch=0, num_epochs=3, warmup=1, start=0.05)),
-        {'lr': 'rate', 'epoch': 'count0', 'num_epochs': 'count'}, True),
-    Sweep('time_steps', ALL, lambda d2l, fw: (d2l.time_steps, dict(
-        net=None, optimizer=None, X=None, y=None, num_steps=1, warmup=0,
-        device='cpu')), {'num_steps': 'count', 'warmup': 'count0'}, False),
-    Sweep('time_compute', ALL, lambda d2l, fw: (d2l.time_compute, dict(
-        model='lenet', batch_size=2, threads=1, num_steps=1, warmup=0,
-        reps=1)), {'num_steps': 'count', 'warmup': 'count0',
-                   'threads': 'count or None', 'reps': 'count'}, False),
-    Sweep('time_ddp_configs', MULTI, lambda d2l, fw: (d2l.time_ddp_configs,
-        dict(world_size=1, configs=[{'model': 'lenet'}], global_batch=2,
-             num_steps=1, warmup=0, reps=1)),
-        {'num_steps': 'count', 'warmup': 'count0', 'reps': 'count'}, False),
-    Sweep('time_tensor_parallel', ALL, lambda d2l, fw: (
-        d2l.time_tensor_parallel, dict(k=2, d=2, hidden=4, batch_size=2,
-                                       num_steps=1, reps=1)),
-        {'num_steps': 'count', 'reps': 'count'}, False),
-]
-
-ROUND_THREE_CASES = [(row, param, bad) for row in ROUND_THREE_SWEEP
-                     for param, kind in row.kinds.items() for bad in BAD[kind]]
-
-
-@pytest.mark.parametrize('case', ROUND_THREE_CASES,
-                         ids=[_sweep_id(c) for c in ROUND_THREE_CASES])
-def test_a_schedule_or_timing_refuses_a_number_no_caller_means(
-        framework, case, quick):
-    test_a_number_no_caller_means_is_refused_by_name(framework, case, quick)
