@@ -196,8 +196,11 @@ def check_zero_init(params, devices, stage):
     d2l._check_zero_args(params, devices)
 
 
-def check_zero_step(states, devices, stage):
-    """Reject a ZeRO stage, or states that do not fit it and the devices."""
+def check_zero_step(states, devices, stage, lr, momentum):
+    """Reject a rate or momentum, a ZeRO stage, or states that do not fit
+    the stage and the devices."""
+    check_number(lr, 'lr')
+    check_number(momentum, 'momentum', below=1)
     d2l.check_stage(stage)
     d2l._check_zero_states(states, devices, stage)
 
@@ -295,11 +298,16 @@ def check_pipeline_runs(runs, num_stages, X, y, depth, width):
     check_count(depth, 'depth', 1)
     check_count(width, 'width', 1)
     d2l.split_stages(range(depth), num_stages)  # enough blocks for the stages
-    if not isinstance(runs, (list, tuple)) or not runs:
-        raise ValueError('runs must list (schedule, num_microbatches) pairs')
+    check_runs(runs)
     for schedule, m in runs:
         d2l.check_schedule(schedule, num_stages, m)
         d2l.split_microbatches(X, y, m)  # enough examples
+
+
+def _live_grads(stages):
+    """The gradients of the stages' parameters, left in place (None: none)."""
+    return [p.grad() for layers in stages for layer in layers
+            for p in layer.collect_params().values()]
 
 
 def _stage_shapes(stages, x):
@@ -339,6 +347,11 @@ _stores = []  # a process joins its dist_sync job once
 
 def _dist_store():
     """This worker's dist_sync key-value store, created on first use."""
+    if not _stores and not os.environ.get('DMLC_NUM_WORKER'):
+        raise RuntimeError(
+            'CountingAllreduce (and mesh_allreduces) sum over the workers of '
+            'a parameter-server job, and this process is in none: call it in '
+            'a worker that d2l.spawn_ranks (or MXNet\'s launcher) started')
     if not _stores:
         _stores.append(mx.kv.create('dist_sync'))
     return _stores[0]
@@ -450,7 +463,7 @@ def time_compute(model, batch_size, threads=None, num_steps=2, warmup=1,
                  reps=3, bf16=False):
     """Median seconds per plain SGD step of `model` on `batch_size` images."""
     cost_model_net(model)  # rejects an unknown name
-    _check_sizes([4], reps)
+    check_timing(num_steps, warmup, 1 if threads is None else threads, reps)
     if bf16:
         raise ValueError('bf16=True: this tab times float32 only')
     with _environment({'OMP_NUM_THREADS': str(threads or 1)}):
@@ -515,7 +528,7 @@ __all__ = [
     'check_lenet_args', 'check_model_kind', 'check_zero_init',
     'check_zero_step', '_run_rank', '_stand_down', '_rendezvous_address',
     '_JOB', '_job_store', '_leave_failed_worker', '_join_deadline',
-    '_waiting_init_params', 'check_pipeline_runs', '_stage_shapes',
+    '_waiting_init_params', 'check_pipeline_runs', '_live_grads', '_stage_shapes',
     '_tp_slice', '_to_numpy', '_parameter', '_from_numpy', '_stores',
     '_dist_store', '_group', '_check_arrangement', '_tp_wrong_worker',
     'time_all_reduce', '_all_reduce_worker', '_all_reduce_rounds',

@@ -175,8 +175,11 @@ def check_zero_init(params, devices, stage):
     d2l._check_zero_args(params, devices)
 
 
-def check_zero_step(states, devices, stage):
-    """Reject a ZeRO stage, or states that do not fit it and the devices."""
+def check_zero_step(states, devices, stage, lr, momentum):
+    """Reject a rate or momentum, a ZeRO stage, or states that do not fit
+    the stage and the devices."""
+    check_number(lr, 'lr')
+    check_number(momentum, 'momentum', below=1)
     d2l.check_stage(stage)
     d2l._check_zero_states(states, devices, stage)
 
@@ -299,11 +302,16 @@ def check_pipeline_runs(runs, num_stages, X, y, depth, width):
     check_count(depth, 'depth', 1)
     check_count(width, 'width', 1)
     d2l.split_stages(range(depth), num_stages)  # enough blocks for the stages
-    if not isinstance(runs, (list, tuple)) or not runs:
-        raise ValueError('runs must list (schedule, num_microbatches) pairs')
+    check_runs(runs)
     for schedule, m in runs:
         d2l.check_schedule(schedule, num_stages, m)
         d2l.split_microbatches(X, y, m)  # enough examples
+
+
+def _live_grads(stages):
+    """The gradients of the stages' parameters, left in place (None: none)."""
+    return [p.grad for layers in stages for layer in layers
+            for p in layer.parameters()]
 
 
 def _stage_shapes(stages, x):
@@ -499,7 +507,7 @@ def time_compute(model, batch_size, threads=None, num_steps=2, warmup=1,
     """Median seconds per plain SGD step of `model` in this process."""
     # on `batch_size` images, with `threads` CPU threads
     cost_model_net(model)  # rejects an unknown name
-    _check_sizes([4], reps)
+    check_timing(num_steps, warmup, 1 if threads is None else threads, reps)
     if threads is not None:
         paddle.base.core.set_num_threads(threads)
     try:
@@ -593,9 +601,9 @@ def time_ddp_configs(world_size, configs, global_batch, num_steps=2,
     """Median seconds per micro-batch of DDP training for each config."""
     # `world_size` processes share `global_batch` examples
     configs = _check_configs(configs)
+    check_timing(num_steps, warmup, 1, reps)
     if any(c['compress'] for c in configs):
         raise ValueError('compress=True: DataParallel has no compression hook')
-    _check_sizes([4], reps)
     d2l.local_batch_size(global_batch, world_size)  # fail here, not in a child
     if world_size == 1:  # Paddle forms no group of one: time it here,
         paddle.base.core.set_num_threads(1)  # on one core's thread
@@ -662,7 +670,7 @@ __all__ = [
     'check_model_kind', 'check_zero_init', 'check_zero_step', '_quiet_spawn',
     'check_spawn_args', 'spawn_per_device', '_run_in_environment',
     'start_spawned_process', '_run_rank', '_stand_down', '_rendezvous_address',
-    'check_pipeline_runs', '_stage_shapes', '_pump', '_direction_groups',
+    'check_pipeline_runs', '_live_grads', '_stage_shapes', '_pump', '_direction_groups',
     '_p2p_link', '_tp_slice', '_new_group', '_nbytes', '_to_numpy',
     '_from_numpy', '_group', '_parameter', '_check_arrangement',
     '_tp_wrong_worker', 'time_all_reduce', '_all_reduce_worker',

@@ -112,8 +112,11 @@ def check_zero_init(params, devices, stage):
     d2l._check_zero_args(params, devices)
 
 
-def check_zero_step(states, devices, stage):
-    """Reject a ZeRO stage, or states that do not fit it and the devices."""
+def check_zero_step(states, devices, stage, lr, momentum):
+    """Reject a rate or momentum, a ZeRO stage, or states that do not fit
+    the stage and the devices."""
+    check_number(lr, 'lr')
+    check_number(momentum, 'momentum', below=1)
     d2l.check_stage(stage)
     d2l._check_zero_states(states, devices, stage)
 
@@ -196,11 +199,16 @@ def check_pipeline_runs(runs, num_stages, X, y, depth, width):
     check_count(depth, 'depth', 1)
     check_count(width, 'width', 1)
     d2l.split_stages(range(depth), num_stages)  # enough blocks for the stages
-    if not isinstance(runs, (list, tuple)) or not runs:
-        raise ValueError('runs must list (schedule, num_microbatches) pairs')
+    check_runs(runs)
     for schedule, m in runs:
         d2l.check_schedule(schedule, num_stages, m)
         d2l.split_microbatches(X, y, m)  # enough examples
+
+
+def _live_grads(stages):
+    """The gradients of the stages' parameters, left in place (None: none)."""
+    return [p.grad for layers in stages for layer in layers
+            for p in layer.parameters()]
 
 
 def _stage_shapes(stages, x):
@@ -391,7 +399,7 @@ def time_compute(model, batch_size, threads=None, num_steps=2, warmup=1,
     """Median seconds per plain SGD step of `model` in this process."""
     # on `batch_size` images, with `threads` CPU threads
     cost_model_net(model)  # rejects an unknown name
-    _check_sizes([4], reps)
+    check_timing(num_steps, warmup, 1 if threads is None else threads, reps)
     device = d2l.try_gpu()
     saved_threads = torch.get_num_threads()
     torch.set_num_threads(threads or saved_threads)
@@ -486,7 +494,7 @@ def time_ddp_configs(world_size, configs, global_batch, num_steps=2,
     """Median seconds per micro-batch of DDP training for each config."""
     # `world_size` processes share `global_batch` examples
     configs = _check_configs(configs)
-    _check_sizes([4], reps)
+    check_timing(num_steps, warmup, 1, reps)
     d2l.local_batch_size(global_batch, world_size)  # fail here, not in a child
     return _slowest_medians(d2l.spawn_ranks(
         _ddp_configs_worker, world_size, d2l.local_init_method(), configs,
@@ -544,7 +552,7 @@ __all__ = [
     '_destroy_after_barrier', 'check_lenet_args', 'check_model_kind',
     'check_zero_init', 'check_zero_step', 'time_data_parallel', '_join_group',
     '_run_rank', '_stand_down', '_rendezvous_address', 'check_pipeline_runs',
-    '_stage_shapes', '_pump', '_direction_groups', '_p2p_link', '_tp_slice',
+    '_live_grads', '_stage_shapes', '_pump', '_direction_groups', '_p2p_link', '_tp_slice',
     '_from_numpy', '_group', '_new_group', '_nbytes', '_to_numpy',
     '_check_arrangement', '_tp_wrong_worker', 'time_all_reduce',
     '_all_reduce_worker', '_all_reduce_rounds', 'cost_model_net',

@@ -420,7 +420,7 @@ def train_batch(X, y, device_params, devices, lr, allreduce_fn=allreduce):
     """One data-parallel SGD step on (X, y); returns the summed loss.
 
     Defined in :numref:`sec_multi_gpu`"""
-    d2l.check_replicas(device_params, devices)
+    d2l.check_replicas(device_params, devices, allreduce_fn)
     X_shards, y_shards = split_batch(X, y, devices)
     y_hats, losses = [], []
     with _record():
@@ -438,8 +438,8 @@ def train_batch(X, y, device_params, devices, lr, allreduce_fn=allreduce):
     for W, device in zip(device_params, devices):
         with _on(device):  # equal gradients keep the replicas equal
             d2l.sgd(W, lr, X.shape[0])
-    # float() waits for every device
-    return d2l.check_finite([float(l.detach()) for l in losses], 'train_batch')
+    # the losses and the new parameters: waits for every device
+    return d2l.check_finite(losses, 'train_batch', device_params[0])
 
 def evaluate_accuracy_replicas(device_params, data_iter, devices):
     """LeNet's accuracy on `data_iter`, each batch split over the devices.
@@ -606,7 +606,7 @@ def train_epoch_concise(net, train_iter, loss, optimizer, devices):
         l = d2l.train_step_concise(net, X, y, loss, optimizer, devices)
         total += float(l)  # waits for the step to finish
         n += X.shape[0]
-    return d2l.check_finite(total, 'train_epoch_concise'), n
+    return d2l.check_finite(total, 'train_epoch_concise', net), n
 
 def _shard_loaders(batch_size, rank, world):
     """This process's sampler, its training loader, its share of the tests.
@@ -683,8 +683,7 @@ def cosine_lr(lr, epoch, num_epochs):
     """Learning rate of epoch `epoch` (from 0), `lr` along half a cosine.
 
     Defined in :numref:`sec_multi_gpu_concise`"""
-    d2l.check_number(lr, 'lr')
-    d2l.check_epoch(epoch, num_epochs)
+    d2l.check_lr(lr, epoch, num_epochs)
     return lr * (1 + math.cos(math.pi * epoch / num_epochs)) / 2
 
 def set_learning_rate(optimizer, lr):
@@ -917,8 +916,8 @@ def sgd_on_shards(net, optimizer, rank, world_size, num_steps, batch_size,
         optimizer.zero_grad()
         loss.backward()  # a wrapped model averages gradients over ranks
         optimizer.step()
-    if num_steps:  # the last step's loss
-        return d2l.check_finite(float(loss.detach()), 'sgd_on_shards')
+    if num_steps:  # the last step's loss; the parameters after it
+        return d2l.check_finite(loss, 'sgd_on_shards', net)
 
 def ddp_sgd_steps(rank, world_size, init_method, num_steps, batch_size, lr):
     """Worker: `num_steps` SGD steps on `_small_mlp`; returns parameters.
@@ -1088,7 +1087,8 @@ def _ddp_epoch(net, optimizer, train_iter, device, world_size, epoch):
         loss_sum += float(loss.detach()) * len(y)
         n += len(y)
     loss_sum, n = _sum_over_ranks([loss_sum, n], device, world_size)
-    return d2l.check_finite(loss_sum / n, f'_ddp_epoch in epoch {epoch + 1}')
+    return d2l.check_finite(loss_sum / n, f'_ddp_epoch in epoch {epoch + 1}',
+                            net)
 
 def batch_norm_statistics_demo(rank, world_size, init_method, num_steps):
     """Train a BN perceptron in DataParallel; running mean before, after.
@@ -1111,9 +1111,7 @@ def warmup_cosine_lr(lr, epoch, num_epochs, warmup=0, start=0.0):
     """Rate of `epoch`: from `start` to `lr` in `warmup` epochs, then down.
 
     Defined in :numref:`sec_ddp_resnet`"""
-    d2l.check_count(warmup, 'warmup')
-    d2l.check_number(start, 'start')
-    d2l.check_warmup(warmup, num_epochs)
+    d2l.check_lr(lr, epoch, num_epochs, warmup, start)
     if epoch < warmup:
         return start + (lr - start) * epoch / warmup
     return d2l.cosine_lr(lr, epoch - warmup, num_epochs - warmup)
@@ -1164,9 +1162,7 @@ def describe_ddp_run(summary):
     """A few lines about a distributed training run, from a rank's summary.
 
     Defined in :numref:`sec_ddp_resnet`"""
-    if not summary.get('epoch_s'):
-        raise ValueError('summary holds no epoch: pass what train_ddp '
-                         'returned for num_epochs of at least 1')
+    d2l.check_summary(summary)
     s = summary
     losses = ', '.join(f'{l:.3f}' for l in s['train_loss'])
     accuracies = ', '.join(f'{a:.3f}' for a in s['test_acc'])
@@ -1192,6 +1188,7 @@ def time_steps(net, optimizer, X, y, num_steps, warmup, device):
     """Average seconds per SGD step on (X, y) after `warmup` untimed steps.
 
     Defined in :numref:`sec_ddp_resnet`"""
+    d2l.check_timing(num_steps, warmup)
     for n in (warmup, num_steps):
         began = time.perf_counter()
         for _ in range(n):
@@ -1216,9 +1213,7 @@ def time_ddp(world_size, global_batch, num_steps, warmup=1, model_fn=None,
 
     Defined in :numref:`sec_ddp_resnet`"""
     d2l.check_count(global_batch, 'global_batch', 1)
-    d2l.check_count(num_steps, 'num_steps', 1)
-    d2l.check_count(warmup, 'warmup')
-    d2l.check_count(threads, 'threads', 1)
+    d2l.check_timing(num_steps, warmup, threads)
     local_batch_size(global_batch, world_size)  # fail here, not in a child
     init_method = _timing_rendezvous()
     with _environment(_thread_environment(threads)):
@@ -1296,9 +1291,7 @@ def all_gather(shards):
     """Concatenate the flat shards of k devices, the whole on every device.
 
     Defined in :numref:`sec_sharded_data_parallel`"""
-    if len(shards) == 0 or any(len(s.shape) != 1 for s in shards):
-        raise ValueError('shards must be a non-empty list of 1-D tensors, '
-                         'one per device (flatten them first)')
+    d2l.check_flat_shards(shards)
     gathered = []
     for x in shards:
         with _tensors_on(_device_of(x)):
@@ -1378,9 +1371,7 @@ def zero_step(X, y, states, devices, stage, lr, momentum=0.9):
     """One momentum-SGD step of LeNet on k devices with ZeRO `stage`.
 
     Defined in :numref:`sec_sharded_data_parallel`"""
-    d2l.check_number(lr, 'lr')
-    d2l.check_number(momentum, 'momentum', below=1)
-    d2l.check_zero_step(states, devices, stage)
+    d2l.check_zero_step(states, devices, stage, lr, momentum)
     # stage 0 is plain data parallelism
     X_shards, y_shards = split_batch(X, y, devices)
     fulls = [s['params'] for s in states]
@@ -1398,6 +1389,7 @@ def zero_step(X, y, states, devices, stage, lr, momentum=0.9):
     owned = [slice(lo, hi) for lo, hi in zip(bounds, bounds[1:])]
     _zero_update(states, grads, owned, devices, stage, lr / X.shape[0],
                  momentum)
+    d2l.check_finite(0.0, 'zero_step', [s['params'] for s in states])
 
 def _zero_update(states, grads, owned, devices, stage, lr, momentum):
     """Momentum-SGD update of the parameters each device owns, in place.
@@ -1498,8 +1490,7 @@ def check_schedule(schedule, num_stages, num_microbatches):
     """Refuse a schedule that misses, repeats or misorders a step.
 
     Defined in :numref:`sec_pipeline`"""
-    d2l.check_count(num_stages, 'num_stages', 1)
-    d2l.check_count(num_microbatches, 'num_microbatches', 1)
+    d2l.check_steps(schedule, num_stages, num_microbatches)
     p, m = num_stages, num_microbatches
     steps = {(s, op, i) for s in range(p) for op in 'FB' for i in range(m)}
     schedule = [tuple(t) if isinstance(t, (tuple, list)) else t
@@ -1590,10 +1581,7 @@ def split_microbatches(X, y, num_microbatches):
     """Cut a minibatch into `num_microbatches` nearly equal parts.
 
     Defined in :numref:`sec_pipeline`"""
-    d2l.check_count(num_microbatches, 'num_microbatches', 1)
-    if num_microbatches > X.shape[0]:
-        raise ValueError(f'num_microbatches={num_microbatches} exceeds the '
-                         f'{X.shape[0]} examples of the minibatch')
+    d2l.check_microbatches(X, y, num_microbatches)
     sizes = shard_sizes(X.shape[0], num_microbatches)
     parts = [(sum(sizes[:j]), sum(sizes[:j + 1])) for j in range(len(sizes))]
     return [X[lo:hi] for lo, hi in parts], [y[lo:hi] for lo, hi in parts]
@@ -1602,7 +1590,7 @@ def run_pipeline(stages, schedule, X, y, num_microbatches, timeout_s=60.0):
     """Run `schedule` with a thread per stage; times, peak bytes, loss.
 
     Defined in :numref:`sec_pipeline`"""
-    d2l.check_number(timeout_s, 'timeout_s')
+    d2l.check_stages(stages, timeout_s)
     p = len(stages)
     check_schedule(schedule, p, num_microbatches)
     Xs, ys = split_microbatches(X, y, num_microbatches)
@@ -1629,7 +1617,7 @@ def run_pipeline(stages, schedule, X, y, num_microbatches, timeout_s=60.0):
     if errors or any(t.is_alive() for t in threads):  # the cause, not a wait
         _, s, error = min(errors, default=(0, '?', 'deadline passed'))
         raise RuntimeError(f'stage {s} failed: {error}')
-    return _merge(records)
+    return _merge(records, _live_grads(stages))
 
 def _pipeline_worker(rank, world_size, init_method, runs, X, y, depth, width,
                      timeout_s):
@@ -1664,16 +1652,17 @@ def time_pipeline(runs, num_stages, X, y, depth, width, timeout_s=60.0):
     ranks = spawn_ranks(_pipeline_worker, num_stages, _rendezvous(), runs,
                         X.cpu().numpy(), y.cpu().numpy(), depth, width,
                         timeout_s)
-    records = [_merge([r[j] for r in ranks]) for j in range(len(runs))]
-    records[-1]['grads'] = [g for r in ranks for g in r[-1]['grads']]
+    grads = [g for r in ranks for g in r[-1]['grads']]
+    records = [_merge([r[j] for r in ranks], grads, 'time_pipeline')
+               for j in range(len(runs))]
+    records[-1]['grads'] = grads
     return records
 
 def idle_fraction(times):
     """Share of the stages' time in a run that no step used.
 
     Defined in :numref:`sec_pipeline`"""
-    if not times:
-        raise ValueError("times must hold a run's steps, as run_pipeline's")
+    d2l.check_run_times(times)
     span = max(t[4] for t in times) - min(t[3] for t in times)
     busy = sum(end - start for *_, start, end in times)
     return 1 - busy / (len({t[0] for t in times}) * span)
@@ -1810,6 +1799,7 @@ def gather_shards(results, key='grads'):
     """Whole arrays from the slices that the ranks returned under `key`.
 
     Defined in :numref:`sec_tensor_parallelism`"""
+    d2l.check_shards(results, key)
     return [results[0][key][i] if axis is None else
             numpy.concatenate([r[key][i] for r in results], axis)
             for i, axis in enumerate(results[0]['axes'])]
@@ -1856,6 +1846,7 @@ def mesh_worker(rank, world_size, init_method, d, hidden, batch_size):
     """Worker: one pass of the MLP block on a 2 x 2 mesh, and its bytes.
 
     Defined in :numref:`sec_tensor_parallelism`"""
+    d2l.check_mesh_args(world_size, d, hidden, batch_size)
     with _group(rank, world_size, init_method):
         data, tensor = mesh_allreduces(2, 2)
         net = tp_mlp(block_mlp(d, hidden), tensor)
@@ -1969,7 +1960,7 @@ def predict_tensor_time(t_compute, k, activation_bytes, alpha, beta,
 
     Defined in :numref:`sec_cost_model`"""
     d2l.check_tensor_prediction(t_compute, k, activation_bytes, alpha, beta,
-                                blocks)
+                                blocks, collective)
     exchange = collective or ring_allreduce_time  # or ps_pushpull_time
     return t_compute / k + 2 * blocks * exchange(activation_bytes, k,
                                                  alpha, beta)
@@ -1978,8 +1969,7 @@ def pipeline_work_and_span(times):
     """The busiest stage's step seconds and the run's span, from its times.
 
     Defined in :numref:`sec_cost_model`"""
-    if not times:
-        raise ValueError("times must hold a run's steps, as time_pipeline's")
+    d2l.check_run_times(times)
     busy = {}
     for s, _, _, start, end in times:
         busy[s] = busy.get(s, 0.0) + end - start

@@ -101,15 +101,39 @@ def check_batches(value, name):
     return batches()
 
 
-def check_finite(value, name):
-    """The sum of `value` (a loss, or a list of them) as a float, if finite."""
+def _finite_total(values):
+    """The sum of numbers and arrays as a float; of a model's parameters."""
+    if hasattr(values, 'collect_params'):  # a Gluon Block
+        values = values.collect_params().values()
+    elif callable(getattr(values, 'parameters', None)):  # Module or Layer
+        values = values.parameters()
+    total = 0.0
+    for v in values:
+        if v is None:  # a parameter without a gradient
+            continue
+        v = v.list_data()[0] if hasattr(v, 'list_data') else v  # Parameter
+        v = v.detach() if hasattr(v, 'detach') else v
+        total += float(v.sum() if hasattr(v, 'sum') else v)
+    return total
+
+
+def check_finite(value, name, params=()):
+    """The sum of `value` (a loss, or a list of them) as a float, if finite.
+
+    `params` (a model, its parameters after an update, or gradients) must
+    sum to a finite number too: PaddlePaddle's ReLU turns a nan activation
+    into 0, so a nan input can leave the loss finite and the weights nan."""
     values = value if isinstance(value, (list, tuple)) else [value]
-    total = sum(float(v.item() if hasattr(v, 'item') else v) for v in values)
-    if not math.isfinite(total):
+    total = _finite_total(values)
+    what, bad = 'the training loss', total
+    if math.isfinite(total):
+        what = 'the parameters (or their gradients)'
+        bad = _finite_total(params)
+    if not math.isfinite(bad):
         raise FloatingPointError(
-            f'the training loss became {total} at the end of {name}, so '
-            f'training diverged; try a smaller learning rate (or a warm-up), and check '
-            f'that the inputs hold no nan or inf')
+            f'{what} became {bad} at the end of {name}, so training '
+            'diverged; try a smaller learning rate (or a warm-up), and check '
+            'that the inputs hold no nan or inf')
     return total
 
 
@@ -796,14 +820,22 @@ def check_split(X, y, devices):
              f'least one; use a batch of at least {k} examples or fewer devices')
 
 
-def check_replicas(device_params, devices):
-    """Raise ValueError, saying what to pass, unless there is one replica per device."""
+def check_replicas(device_params, devices, allreduce_fn=None):
+    """Raise ValueError, saying what to pass, unless there is one replica per device (and `allreduce_fn`, if given, is a function)."""
+    if allreduce_fn is not None:
+        check_collective(allreduce_fn, 'allreduce_fn', 'd2l.allreduce')
     for name, value in (('device_params', device_params), ('devices', devices)):
         check(isinstance(value, (list, tuple)), f'{name} must be a list, one '
                  f'entry per device; got {value!r:.60}')
     check(len(device_params) == len(devices), f'device_params holds '
              f'{len(device_params)} replicas but devices names {len(devices)} '
              'devices; build one replica per device with get_params')
+
+
+def check_collective(value, name, example):
+    """Reject a collective that is not a function (a name, say), saying so."""
+    check(callable(value), f'{name} must be a function such as {example}, '
+          f'got {value!r:.60}')
 
 
 def check_resnet_args(num_classes, in_channels):
@@ -840,6 +872,15 @@ def check_epoch(epoch, num_epochs):
                  and epoch < num_epochs, f'epoch must be an integer in '
                  f'[0, num_epochs) and num_epochs a positive integer, got '
                  f'epoch={epoch!r}, num_epochs={num_epochs!r}')
+
+
+def check_lr(lr, epoch, num_epochs, warmup=0, start=0.0):
+    """The checks of cosine_lr and warmup_cosine_lr, in the caller's values."""
+    check_number(lr, 'lr')
+    check_epoch(epoch, num_epochs)
+    check_count(warmup, 'warmup')
+    check_number(start, 'start')
+    check_warmup(warmup, num_epochs)
 
 
 def check_rank(rank, world_size, what='rank'):
@@ -989,11 +1030,69 @@ def _queue_link(num_stages, num_microbatches, timeout_s, failed):
     return send, recv
 
 
-def _merge(records):
-    """One run's record from its stages' records."""
+def _merge(records, grads=(), name='run_pipeline'):
+    """One run's record from its stages' records; a nan stops the run."""
+    # grads: the stages' gradients, which show a nan that the loss hides
     return {'times': sorted(t for r in records for t in r['times']),
             'peak_bytes': [r['peak_bytes'] for r in records],
-            'loss': records[-1]['loss']}
+            'loss': check_finite(records[-1]['loss'], name, grads)}
+
+
+def check_steps(schedule, num_stages, num_microbatches):
+    """Reject a schedule that is not a list of steps, or bad sizes."""
+    check_count(num_stages, 'num_stages', 1)
+    check_count(num_microbatches, 'num_microbatches', 1)
+    check(isinstance(schedule, (list, tuple)) and all(
+        isinstance(t, (list, tuple)) and len(t) == 3 for t in schedule),
+        "schedule must be a list of (stage, 'F' or 'B', micro-batch) steps, "
+        f'as pipeline_schedule returns; got {schedule!r:.60}')
+
+
+def check_stages(stages, timeout_s):
+    """The checks of run_pipeline: a list of stages, each a list of layers."""
+    check(isinstance(stages, (list, tuple)) and stages and all(
+        isinstance(s, (list, tuple)) and s for s in stages), 'stages must be '
+        'a non-empty list of stages, each a non-empty list of layers, as '
+        f'split_stages returns; got {stages!r:.60}')
+    check_number(timeout_s, 'timeout_s')
+
+
+def check_runs(runs):
+    """The runs of time_pipeline: (schedule, num_microbatches) pairs."""
+    check(isinstance(runs, (list, tuple)) and runs and all(
+        isinstance(r, (list, tuple)) and len(r) == 2 for r in runs),
+        'runs must list (schedule, num_microbatches) pairs; got '
+        f'{runs!r:.60}')
+
+
+def check_microbatches(X, y, num_microbatches):
+    """Reject a minibatch that cannot be cut into `num_microbatches`."""
+    check_count(num_microbatches, 'num_microbatches', 1)
+    for name, a in (('X', X), ('y', y)):
+        check(len(getattr(a, 'shape', ())), f'{name} must be an array with '
+              f'one row per example; got {a!r:.60}')
+    check(X.shape[0] == y.shape[0], f'X holds {X.shape[0]} examples but y '
+          f'holds {y.shape[0]} labels; pass one label per example')
+    if num_microbatches > X.shape[0]:
+        raise ValueError(f'num_microbatches={num_microbatches} exceeds the '
+                         f'{X.shape[0]} examples of the minibatch')
+    dtype = str(X.dtype).split('.')[-1]  # torch.float32, float32, ...
+    check(dtype == 'float32', f'X holds {dtype} numbers, but the stages '
+          'compute in float32; convert it first, e.g. X.astype(\'float32\')')
+
+
+def check_run_times(times):
+    """Reject a run's times that are not steps of a run of some length."""
+    check(isinstance(times, (list, tuple)) and times,
+          "times must hold a run's steps, as run_pipeline's")
+    for t in times:
+        check(isinstance(t, (list, tuple)) and len(t) == 5 and all(
+            isinstance(x, (int, float)) for x in t[3:]), "times must hold "
+            "a run's steps, (stage, op, micro-batch, start, end) each; got "
+            f'{t!r:.60}')
+    check(max(t[4] for t in times) > min(t[3] for t in times),
+          f'times span no time (every step starts and ends at '
+          f'{times[0][3]}); pass the times of a run that took some')
 
 
 def _shard_axes(net):
@@ -1009,6 +1108,49 @@ def _check_row_input(got, expected, k):
             f"RowParallelLinear expects this rank's {expected} hidden units, "
             f'got {got}: feed it the output of a ColumnParallelLinear over '
             f'the same {k} ranks')
+
+
+def check_shards(results, key):
+    """Reject results that gather_shards cannot join under `key`."""
+    check(isinstance(results, (list, tuple)) and results and all(
+        isinstance(r, dict) for r in results), 'results must be a non-empty '
+        f"list of the ranks' results, as spawn_ranks returns; got "
+        f'{results!r:.60}')
+    check(key in results[0] and 'axes' in results[0], f'key {key!r} is not '
+          f"among the results' keys {sorted(results[0])}; pass one of them "
+          "(and results that hold 'axes')")
+
+
+def check_flat_shards(shards):
+    """Reject shards that all_gather cannot join: not 1-D tensors."""
+    check(isinstance(shards, (list, tuple)) and shards and all(
+        len(getattr(s, 'shape', (0, 0))) == 1 for s in shards), 'shards '
+        'must be a non-empty list of 1-D tensors, one per device (flatten '
+        f'them first); got {shards!r:.60}')
+
+
+def check_summary(summary):
+    """Reject a summary that is not train_ddp's for at least one epoch."""
+    keys = ('rank', 'world_size', 'device', 'backend', 'data', 'train_loss',
+            'test_acc', 'epoch_s')
+    check(isinstance(summary, dict) and all(k in summary for k in keys),
+          f'summary must be the dictionary that train_ddp returns, with keys '
+          f'{", ".join(keys)}; got {summary!r:.60}')
+    check(summary['epoch_s'], 'summary holds no epoch: pass what train_ddp '
+          'returned for num_epochs of at least 1')
+
+
+def check_mesh_args(world_size, d, hidden, batch_size, dp=2, tp=2):
+    """Reject sizes that a dp x tp mesh cannot share, before any group forms."""
+    check_mlp_sizes(d, hidden, 0)
+    check_count(batch_size, 'batch_size', 1)
+    check(world_size == dp * tp, f'the {dp} x {tp} mesh needs world_size='
+          f'{dp * tp}, got world_size={world_size!r}')
+    check(batch_size % dp == 0, f'batch_size={batch_size} cannot be halved '
+          f'equally between the {dp} data-parallel replicas (each averages '
+          f'its own examples); pass a multiple of {dp}')
+    check(hidden >= tp, f'hidden={hidden} leaves a rank of the {tp} '
+          f'tensor-parallel ranks without hidden units; pass at least {tp}')
 
 
 def check_mlp_sizes(d, hidden, seed):
@@ -1041,6 +1183,10 @@ def _check_world_of_two(world_size):
 def check_timings(num_bytes, seconds, k):
     """Reject timings that fit_alpha_beta cannot fit a line to, saying why."""
     check_count(k, 'k', 2, ' (one process sends nothing)')
+    check(isinstance(num_bytes, (list, tuple)) and isinstance(
+        seconds, (list, tuple)), 'num_bytes and seconds must be lists of '
+        f'numbers, got {type(num_bytes).__name__} and '
+        f'{type(seconds).__name__}')
     if len(num_bytes) != len(seconds) or len(set(num_bytes)) < 2:
         raise ValueError('num_bytes and seconds must have the same length, '
                          'and num_bytes needs at least two different sizes '
@@ -1073,6 +1219,7 @@ def _check_sizes(sizes, reps):
 
 def _alternating_rounds(jobs, reps, wait=lambda: None, sync=lambda: None):
     """Seconds of each function in `jobs` in `reps` alternating rounds."""
+    check_count(reps, 'reps', 1)
     seconds = [[0.0] * len(jobs) for _ in range(reps)]
     for r in range(reps):
         order = range(len(jobs)) if r % 2 == 0 else range(len(jobs))[::-1]
@@ -1104,11 +1251,26 @@ def check_ps_fit(k, servers):
     check_count(servers, 'servers', 1)
 
 
+MAX_BUCKETS = 10 ** 5  # far more than any model's parameters fill
+
+
 def check_buckets(num_bytes, bucket_cap_mb, first_bucket_mb):
-    """The checks of ddp_buckets."""
+    """The checks of ddp_buckets: no bucket below a float32, nor too many."""
     check_cost_args(num_bytes, 1, 0, 0)
     check_number(bucket_cap_mb, 'bucket_cap_mb', positive=True)
     check_number(first_bucket_mb, 'first_bucket_mb', positive=True)
+    least = 4 / 2 ** 20  # one float32
+    for name, mb in (('bucket_cap_mb', bucket_cap_mb),
+                     ('first_bucket_mb', first_bucket_mb)):
+        check(mb >= least, f'{name}={mb!r} is under one 4-byte number; '
+              f'pass at least {least:.3g} (DDP fills a bucket with whole '
+              'parameters)')
+    rest = max(0, num_bytes - first_bucket_mb * 2 ** 20)
+    count = math.ceil(rest / (bucket_cap_mb * 2 ** 20))  # closed form
+    check(count < MAX_BUCKETS, f'bucket_cap_mb={bucket_cap_mb!r} would cut '
+          f'{num_bytes:g} bytes into {count} buckets, more than the '
+          f'{MAX_BUCKETS} that any real run has; pass at least '
+          f'{num_bytes / MAX_BUCKETS / 2 ** 20:.3g}')
 
 
 def check_step_prediction(t_compute, num_bytes, k, alpha, beta, cores,
@@ -1128,8 +1290,10 @@ def check_pipeline_prediction(t_stage, num_stages, num_microbatches,
 
 
 def check_tensor_prediction(t_compute, k, activation_bytes, alpha, beta,
-                             blocks):
+                             blocks, collective=None):
     """The checks of predict_tensor_time."""
+    if collective is not None:
+        check_collective(collective, 'collective', 'd2l.ring_allreduce_time')
     check_cost_args(activation_bytes, k, alpha, beta)
     check_number(t_compute, 't_compute', positive=True)
     check_count(blocks, 'blocks', 1)
@@ -1143,6 +1307,14 @@ def check_tensor_timing(k, d, hidden, batch_size, num_steps, reps):
     check_count(batch_size, 'batch_size', 1)
     _check_sizes([4], reps)
     check_count(num_steps, 'num_steps', 1)
+
+
+def check_timing(num_steps, warmup, threads=1, reps=1):
+    """The checks of a timing helper: steps, warm-up, threads and rounds."""
+    check_count(num_steps, 'num_steps', 1)
+    check_count(warmup, 'warmup')
+    check_count(threads, 'threads', 1)
+    check_count(reps, 'reps', 1)
 
 
 # Quick mode's data: the first images of each class of each split.
@@ -1210,7 +1382,11 @@ def _use_threads(threads, set_threads):
 
 __all__ = [
     'check', '_is_int', 'is_count', 'check_count', 'check_number',
-    'check_arrays', 'check_devices', 'check_batches', 'check_finite',
+    'check_arrays', 'check_devices', 'check_batches', '_finite_total',
+    'check_finite', 'check_collective', 'check_lr', 'check_steps',
+    'check_microbatches', 'check_run_times', 'check_shards',
+    'check_mesh_args', 'MAX_BUCKETS', 'check_timing', 'check_stages',
+    'check_runs', 'check_flat_shards', 'check_summary',
     'check_gpu_index', 'check_num_devices', '_labels_and_predictions',
     '_minibatches', '_fraction_correct', '_check_sgd', '_points',
     '_check_loader_args', 'use_svg_display', 'in_notebook', 'add_to_class',

@@ -496,7 +496,8 @@ SWEEP = [
         {'num_steps': 'count0', 'batch_size': 'count', 'lr': 'rate'}, True),
     Sweep('warmup_cosine_lr', ALL, lambda d2l, fw: (d2l.warmup_cosine_lr,
         dict(lr=0.1, epoch=0, num_epochs=3, warmup=1, start=0.05)),
-        {'warmup': 'count0', 'start': 'rate'}, True),
+        {'warmup': 'count0', 'start': 'rate', 'lr': 'rate', 'epoch': 'count0',
+         'num_epochs': 'count'}, True),
     Sweep('train_ddp', ALL, lambda d2l, fw: (d2l.train_ddp, dict(
         rank=0, world_size=1, init_method='env://', num_epochs=1,
         batch_size=32, lr=0.1)),
@@ -569,6 +570,21 @@ SWEEP = [
                       timeout_s=30)),
         {'num_stages': 'count', 'depth': 'count', 'width': 'count',
          'timeout_s': 'real'}, False),
+    Sweep('time_steps', ALL, lambda d2l, fw: (d2l.time_steps, dict(
+        net=None, optimizer=None, X=None, y=None, num_steps=1, warmup=0,
+        device='cpu')), {'num_steps': 'count', 'warmup': 'count0'}, False),
+    Sweep('time_compute', ALL, lambda d2l, fw: (d2l.time_compute, dict(
+        model='lenet', batch_size=2, threads=1, num_steps=1, warmup=0,
+        reps=1)), {'num_steps': 'count', 'warmup': 'count0',
+                   'threads': 'count or None', 'reps': 'count'}, False),
+    Sweep('time_ddp_configs', MULTI, lambda d2l, fw: (d2l.time_ddp_configs,
+        dict(world_size=1, configs=[{'model': 'lenet'}], global_batch=2,
+             num_steps=1, warmup=0, reps=1)),
+        {'num_steps': 'count', 'warmup': 'count0', 'reps': 'count'}, False),
+    Sweep('time_tensor_parallel', ALL, lambda d2l, fw: (
+        d2l.time_tensor_parallel, dict(k=2, d=2, hidden=4, batch_size=2,
+                                       num_steps=1, reps=1)),
+        {'num_steps': 'count', 'reps': 'count'}, False),
 ]
 
 SWEEP_CASES = [(row, param, bad) for row in SWEEP for param, kind in
@@ -828,3 +844,261 @@ def test_a_launcher_script_refuses_a_bad_argument_in_one_line(
                           *argv], capture_output=True, text=True, timeout=120)
     assert run.returncode == 2, run.stderr[-2000:]  # argparse's usage error
     assert fragment in run.stderr and 'Traceback' not in run.stderr
+
+
+# ---------------------------------------------------------------- round three: numbers and arguments
+
+def nan_images(fw, n=4):
+    return floats(fw, np.full((n, 1, 28, 28), np.nan))
+
+
+def generator_of(values):
+    return (v for v in values)
+
+
+def a_step(t, start, end, stage=0):
+    return (stage, 'F', 0, start, end)
+
+
+ROUND_THREE = [
+    Bad('pipeline', 'check_schedule', 'a number, not a list',
+        lambda d2l, fw: d2l.check_schedule(5, 2, 2), ValueError,
+        'schedule must be a list of (stage'),
+    Bad('pipeline', 'check_schedule', 'a step that is not a triple',
+        lambda d2l, fw: d2l.check_schedule([{'F': 0}], 1, 1), ValueError,
+        'schedule must be a list of (stage'),
+    Bad('pipeline', 'idle_fraction', 'a run of no length',
+        lambda d2l, fw: d2l.idle_fraction([(0, 'F', 0, 1.0, 1.0)]),
+        ValueError, 'times span no time'),
+    Bad('pipeline', 'idle_fraction', 'a generator',
+        lambda d2l, fw: d2l.idle_fraction(generator_of(
+            [(0, 'F', 0, 0.0, 1.0)])), ValueError, "times must hold a run's"),
+    Bad('pipeline', 'idle_fraction', 'a step of three fields',
+        lambda d2l, fw: d2l.idle_fraction([(0, 'F', 0)]), ValueError,
+        '(stage, op, micro-batch, start, end)'),
+    Bad('cost-model', 'pipeline_work_and_span', 'a run of no length',
+        lambda d2l, fw: d2l.pipeline_work_and_span([(0, 'F', 0, 2.0, 2.0)]),
+        ValueError, 'times span no time'),
+    Bad('pipeline', 'split_microbatches', 'float64 examples',
+        lambda d2l, fw: d2l.split_microbatches(
+            tensor(fw, np.zeros((4, 784))), labels(fw, [0, 1, 2, 3]), 2),
+        ValueError, 'X holds float64 numbers'),
+    Bad('pipeline', 'split_microbatches', 'fewer labels than examples',
+        lambda d2l, fw: d2l.split_microbatches(
+            floats(fw, np.zeros((4, 784))), labels(fw, [0, 1, 2]), 2),
+        ValueError, 'X holds 4 examples but y holds 3 labels'),
+    Bad('pipeline', 'run_pipeline', 'float64 examples',
+        lambda d2l, fw: d2l.run_pipeline(
+            d2l.split_stages(d2l.pipeline_mlp(2, 4), 2),
+            d2l.pipeline_schedule('gpipe', 2, 2),
+            tensor(fw, np.zeros((4, 784))), labels(fw, [0, 1, 2, 3]), 2,
+            timeout_s=30), ValueError, 'X holds float64 numbers'),
+    Bad('tensor', 'gather_shards', 'no results',
+        lambda d2l, fw: d2l.gather_shards([]), ValueError,
+        'results must be a non-empty list'),
+    Bad('tensor', 'gather_shards', 'an unknown key',
+        lambda d2l, fw: d2l.gather_shards([{'grads': [], 'axes': []}], 'Z'),
+        ValueError, "key 'Z' is not among"),
+    Bad('tensor', 'mesh_worker', 'an odd batch',
+        lambda d2l, fw: d2l.mesh_worker(0, 4, None, 4, 8, 5), ValueError,
+        'batch_size=5'),
+    Bad('tensor', 'mesh_worker', 'a batch of one',
+        lambda d2l, fw: d2l.mesh_worker(0, 4, None, 4, 8, 1), ValueError,
+        'batch_size=1'),
+    Bad('tensor', 'mesh_worker', 'fewer hidden units than a pair',
+        lambda d2l, fw: d2l.mesh_worker(0, 4, None, 4, 1, 4), ValueError,
+        'hidden=1'),
+    Bad('tensor', 'mesh_worker', 'a world of three',
+        lambda d2l, fw: d2l.mesh_worker(0, 3, None, 4, 8, 4), ValueError,
+        'world_size=3'),
+    Bad('ddp-resnet18', 'warmup_cosine_lr', "the caller's epoch",
+        lambda d2l, fw: d2l.warmup_cosine_lr(0.1, 7, 5, warmup=2), ValueError,
+        'epoch=7, num_epochs=5'),
+    Bad('ddp-resnet18', 'time_steps', 'no timed step',
+        lambda d2l, fw: d2l.time_steps(None, None, None, None, 0, 1, 'cpu'),
+        ValueError, 'num_steps must be a positive integer'),
+    Bad('ddp-resnet18', 'time_steps', 'a negative warm-up',
+        lambda d2l, fw: d2l.time_steps(None, None, None, None, 1, -1, 'cpu'),
+        ValueError, 'warmup must be a non-negative integer'),
+    Bad('cost-model', 'predict_tensor_time', 'a name, not a collective',
+        lambda d2l, fw: d2l.predict_tensor_time(0.1, 2, 4096, 1e-5, 1e-9,
+                                                collective='ring'),
+        ValueError, "collective must be a function such as"),
+    Bad('multiple-gpus', 'train_batch', 'a name, not an allreduce',
+        lambda d2l, fw: d2l.train_batch(**lenet_step_args(d2l, fw),
+                                        allreduce_fn='allreduce'),
+        ValueError, 'allreduce_fn must be a function'),
+    Bad('cost-model', 'fit_alpha_beta', 'generators',
+        lambda d2l, fw: d2l.fit_alpha_beta(generator_of([4, 8]),
+                                           generator_of([1e-3, 2e-3]), 2),
+        ValueError, 'num_bytes and seconds must be lists'),
+    Bad('pipeline', 'run_pipeline', 'stages as a generator',
+        lambda d2l, fw: d2l.run_pipeline(
+            generator_of(d2l.split_stages(d2l.pipeline_mlp(2, 4), 2)),
+            d2l.pipeline_schedule('gpipe', 2, 2),
+            floats(fw, np.zeros((4, 784))), labels(fw, [0, 1, 2, 3]), 2),
+        ValueError, 'stages must be a non-empty list of stages'),
+    Bad('pipeline', 'run_pipeline', 'the schedule as a generator',
+        lambda d2l, fw: d2l.run_pipeline(
+            d2l.split_stages(d2l.pipeline_mlp(2, 4), 2),
+            generator_of(d2l.pipeline_schedule('gpipe', 2, 2)),
+            floats(fw, np.zeros((4, 784))), labels(fw, [0, 1, 2, 3]), 2),
+        ValueError, 'schedule must be a list of (stage'),
+    Bad('pipeline', 'time_pipeline', 'a run of three fields',
+        lambda d2l, fw: d2l.time_pipeline(
+            [(1, 2, 3)], 2, floats(fw, np.zeros((4, 784))),
+            labels(fw, [0, 1, 2, 3]), 2, 4), ValueError,
+        'runs must list (schedule, num_microbatches) pairs'),
+    Bad('sharded', 'all_gather', 'a generator',
+        lambda d2l, fw: d2l.all_gather(generator_of([floats(fw, [1.0])])),
+        ValueError, 'shards must be a non-empty list of 1-D tensors'),
+    Bad('ddp-resnet18', 'describe_ddp_run', 'not a summary',
+        lambda d2l, fw: d2l.describe_ddp_run('rank 0'), ValueError,
+        'summary must be the dictionary that train_ddp returns'),
+    Bad('ddp-resnet18', 'describe_ddp_run', 'a summary without losses',
+        lambda d2l, fw: d2l.describe_ddp_run({'epoch_s': [1.0]}), ValueError,
+        'summary must be the dictionary that train_ddp returns'),
+    Bad('cost-model', 'fit_ps_alpha_beta', 'generators',
+        lambda d2l, fw: d2l.fit_ps_alpha_beta(generator_of([4, 8]),
+                                              generator_of([1e-3, 2e-3]), 2),
+        ValueError, 'num_bytes and seconds must be lists'),
+    Bad('cost-model', 'ddp_buckets', 'a bucket smaller than a number',
+        lambda d2l, fw: d2l.ddp_buckets(45e6, bucket_cap_mb=1e-6), ValueError,
+        'bucket_cap_mb=1e-06'),
+    Bad('cost-model', 'predict_step_time', 'forty million buckets',
+        lambda d2l, fw: d2l.predict_step_time(0.1, 45e6, 2, 1e-5, 1e-9,
+                                              bucket_cap_mb=1e-6),
+        ValueError, 'bucket_cap_mb=1e-06'),
+    Bad('cost-model', 'predict_step_time', 'a million buckets',
+        lambda d2l, fw: d2l.predict_step_time(0.1, 45e6, 2, 1e-5, 1e-9,
+                                              bucket_cap_mb=4e-5),
+        ValueError, 'buckets'),
+]
+
+
+@pytest.mark.parametrize('row', ROUND_THREE, ids=[_id(r) for r in ROUND_THREE])
+def test_a_bad_argument_is_refused_at_once_in_the_callers_words(
+        framework, d2l, row, quick):
+    import time
+    began = time.monotonic()
+    with pytest.raises(row.error) as info:
+        row.call(d2l, framework)
+    assert row.fragment in str(info.value), str(info.value)
+    assert time.monotonic() - began < 10, 'refused, but not at once'
+
+
+def test_a_timing_loop_refuses_a_negative_number_of_rounds():
+    for reps in (-1, 0, 1.5):
+        with pytest.raises(ValueError, match='reps must be a positive'):
+            runtime._alternating_rounds([lambda: None], reps)
+
+
+@pytest.mark.parametrize('framework', ['mxnet'], indirect=True)
+def test_an_allreduce_outside_a_job_says_where_to_run_it(framework, d2l,
+                                                          monkeypatch):
+    for name in ('DMLC_ROLE', 'DMLC_NUM_WORKER', 'DMLC_PS_ROOT_URI'):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(RuntimeError) as info:
+        d2l.CountingAllreduce()
+    message = str(info.value)
+    assert 'spawn_ranks' in message and 'Traceback' not in message
+    assert 'ps-lite' not in message and '.cc' not in message
+
+
+# A training path that meets nan or inf stops with an error that names it,
+# whether the loss shows it or not: PaddlePaddle's ReLU turns a nan activation
+# into 0, so its loss stays finite while the gradients, and after the update
+# the weights, are nan (MXNet's pipeline loss stayed finite too).
+
+def test_a_step_on_nan_images_stops_the_run(framework, d2l):
+    args = dict(lenet_step_args(d2l, framework), X=nan_images(framework))
+    with pytest.raises(FloatingPointError,
+                       match='at the end of train_batch'):
+        d2l.train_batch(**args)
+
+
+def a_relu_model(fw, devices):
+    """A ReLU layer between two linear ones, its loss and its optimizer."""
+    if fw == 'pytorch':
+        import torch
+        net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 16),
+                                  torch.nn.ReLU(), torch.nn.Linear(16, 10))
+        return (net, torch.nn.CrossEntropyLoss(),
+                torch.optim.SGD(net.parameters(), lr=0.1))
+    if fw == 'mxnet':
+        import mxnet as mx
+        net = mx.gluon.nn.Sequential()
+        net.add(mx.gluon.nn.Dense(16, 'relu', in_units=784),
+                mx.gluon.nn.Dense(10, in_units=16))
+        net.initialize(ctx=devices)
+        return (net, mx.gluon.loss.SoftmaxCrossEntropyLoss(),
+                mx.gluon.Trainer(net.collect_params(), 'sgd',
+                                 {'learning_rate': 0.1}))
+    import paddle
+    net = paddle.nn.Sequential(paddle.nn.Flatten(), paddle.nn.Linear(784, 16),
+                               paddle.nn.ReLU(), paddle.nn.Linear(16, 10))
+    return (net, paddle.nn.CrossEntropyLoss(),
+            paddle.optimizer.SGD(learning_rate=0.1,
+                                 parameters=net.parameters()))
+
+
+def test_a_concise_epoch_on_nan_images_stops_at_its_end(framework, d2l):
+    devices = d2l.try_gpus(1)
+    net, loss, optimizer = a_relu_model(framework, devices)
+    batch = (nan_images(framework), labels(framework, [0, 1, 2, 3]))
+    with pytest.raises(FloatingPointError,
+                       match='at the end of train_epoch_concise'):
+        d2l.train_epoch_concise(net, [batch], loss, optimizer, devices)
+
+
+@pytest.mark.parametrize('change', ['nan images', 'lr=1e30'])
+def test_a_sharded_step_that_diverges_stops_the_run(framework, d2l, change):
+    args = zero_step_args(d2l, framework)
+    if change == 'nan images':
+        args['X'] = nan_images(framework)
+    else:
+        args['lr'] = 1e30
+    with pytest.raises(FloatingPointError, match='at the end of zero_step'):
+        for _ in range(3):
+            d2l.zero_step(**args)
+
+
+def test_a_pipeline_run_on_a_nan_batch_stops_the_run(framework, d2l):
+    args = pipeline_args(d2l, framework)
+    args['X'] = floats(framework, np.full((4, 784), np.nan))
+    with pytest.raises(FloatingPointError, match='at the end of run_pipeline'):
+        d2l.run_pipeline(d2l.split_stages(d2l.pipeline_mlp(2, 4), 2),
+                         d2l.pipeline_schedule('gpipe', 2, 2),
+                         num_microbatches=2, timeout_s=30, **args)
+
+
+def nan_first_layer(fw, net):
+    """`net` with a nan in its first weight: hidden by ReLU in some frameworks."""
+    params = (list(net.collect_params().values()) if fw == 'mxnet'
+              else list(net.parameters()))
+    first = params[0].data() if fw == 'mxnet' else params[0]
+    if fw == 'pytorch':
+        import torch
+        with torch.no_grad():
+            first.fill_(float('nan'))
+    elif fw == 'mxnet':
+        first[:] = float('nan')
+    else:
+        first.set_value(np.full(first.shape, np.nan, 'float32'))
+    return net
+
+
+@pytest.mark.parametrize('framework', MULTI, indirect=True)
+def test_ddp_steps_with_nan_weights_end_in_an_error(framework, d2l, quick):
+    net = nan_first_layer(framework, d2l._small_mlp(seed=0))
+    with pytest.raises(FloatingPointError, match='end of sgd_on_shards'):
+        d2l.sgd_on_shards(net, d2l._sgd(net, 0.1), 0, 1, 2, 4, 'cpu')
+
+
+@pytest.mark.parametrize('framework', MULTI, indirect=True)
+def test_a_ddp_epoch_with_nan_weights_names_its_epoch(framework, d2l, quick):
+    net = nan_first_layer(framework, d2l.resnet18(10))
+    batch = (images(framework, 2), labels(framework, [0, 1]))
+    with one_process_group(framework, d2l):
+        with pytest.raises(FloatingPointError, match='_ddp_epoch in epoch 1'):
+            d2l._ddp_epoch(net, d2l._sgd(net, 0.1), [batch], 'cpu', 1, 0)
