@@ -393,6 +393,11 @@ def time_compute(model, batch_size, threads=None, num_steps=2, warmup=1,
     """Median seconds per plain SGD step of `model` on `batch_size` images."""
     cost_model_net(model)  # rejects an unknown name
     _check_sizes([4], reps)
+    check_count(batch_size, 'batch_size', 1)
+    check_count(num_steps, 'num_steps', 1)
+    check_count(warmup, 'warmup')
+    if threads is not None:
+        check_count(threads, 'threads', 1)
     if bf16:
         raise ValueError('bf16=True: this tab times float32 only')
     with _environment({'OMP_NUM_THREADS': str(threads or 1)}):

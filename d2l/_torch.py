@@ -140,7 +140,7 @@ def time_data_parallel(num_devices, global_batch, num_steps, warmup=1,
 def _join_group(backend, init_method, rank, world_size, timeout_s):
     """Join the default process group; a rendezvous on loopback listens on loopback only."""
     if timeout_s is None:
-        timeout_s = _PROCESS['launcher_timeout_s']
+        timeout_s = _PROCESS['group_timeout_s']
     timeout = timeout_s and datetime.timedelta(seconds=timeout_s)  # or None
     url = urllib.parse.urlsplit(init_method)
     host = url.hostname
@@ -482,6 +482,8 @@ def time_ddp_configs(world_size, configs, global_batch, num_steps=2,
     """Median seconds per micro-batch of DDP training for each config."""
     # `world_size` processes share `global_batch` examples
     configs = _check_configs(configs)
+    check_count(num_steps, 'num_steps', 1)
+    check_count(warmup, 'warmup')
     _check_sizes([4], reps)
     d2l.local_batch_size(global_batch, world_size)  # fail here, not in a child
     return _slowest_medians(d2l.spawn_ranks(

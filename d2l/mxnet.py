@@ -580,19 +580,11 @@ def set_learning_rate(optimizer, lr):
     optimizer.set_learning_rate(lr)
 
 import contextlib
-import ipaddress
-import logging
-import multiprocessing.connection
-import pickle
-import signal
 import socket
 import subprocess
 import tempfile
 import threading
-import traceback
 
-import atexit
-import multiprocessing
 import types
 
 def ddp_device(local_rank, local_world_size):
@@ -659,10 +651,11 @@ def spawn_ranks(worker, world_size, *args, silence_s=60.0):
     Defined in :numref:`sec_process_groups`"""
     # results come back by rank; the server runs in processes of its own
     check_rank(0, world_size)
-    _check_worker(worker, args)
+    _check_worker(worker, world_size, args)  # and worker.check, if any
     _check_timeout(silence_s, 'silence_s')
     context, threads = _worker_context()  # one core per worker on a CPU
-    with tempfile.TemporaryDirectory(prefix='d2l-ranks-') as out_dir:
+    with tempfile.TemporaryDirectory(prefix='d2l-ranks-') as out_dir, \
+            _no_main_rerun():
         env, servers = _start_servers(context, world_size, out_dir)
         workers = []
         try:  # ps-lite numbers the workers in the order of their ports
@@ -1022,14 +1015,23 @@ def _ddp_epochs(net, model, optimizer, loader, device, rank, world_size,
     summary['train_images'] = sizes[0]
     return summary
 
+def check_train_ddp(world_size, init_method, num_epochs, batch_size, lr,
+                    local_rank=None, local_world_size=None, warmup=0):
+    """Refuse bad arguments of train_ddp; return each rank's batch size.
+
+    Defined in :numref:`sec_ddp_resnet`"""
+    d2l.check_count(num_epochs, 'num_epochs', 1)
+    d2l.check_number(lr, 'lr')
+    d2l.check_warmup(warmup, num_epochs)
+    return local_batch_size(batch_size, world_size)
+
 def train_ddp(rank, world_size, init_method, num_epochs, batch_size, lr,
               local_rank=None, local_world_size=None, warmup=0):
     """Train d2l.resnet18 on Fashion-MNIST at global batch `batch_size`.
 
     Defined in :numref:`sec_ddp_resnet`"""
-    d2l.check_count(num_epochs, 'num_epochs', 1)
-    d2l.check_number(lr, 'lr')
-    local_batch = local_batch_size(batch_size, world_size)
+    local_batch = check_train_ddp(world_size, init_method, num_epochs,
+                                  batch_size, lr, warmup=warmup)
     with process_group(rank, world_size, init_method, local_rank=local_rank,
                        local_world_size=local_world_size) as device:
         loader = _sharded_loader(rank, world_size, local_batch)
@@ -1042,6 +1044,8 @@ def train_ddp(rank, world_size, init_method, num_epochs, batch_size, lr,
                                 update_on_kvstore=False)
         return _ddp_epochs(net, net, trainer, loader, device, rank,
                            world_size, num_epochs, lr, warmup)
+
+train_ddp.check = check_train_ddp  # spawn_ranks runs it before it starts
 
 def describe_ddp_run(summary):
     """A few lines about a distributed training run, from a rank's summary.
@@ -1537,7 +1541,7 @@ def time_pipeline(runs, num_stages, X, y, depth, width, timeout_s=60.0):
     """Run each (schedule, m) of `runs` with a thread per stage.
 
     Defined in :numref:`sec_pipeline`"""
-    d2l.check_number(timeout_s, 'timeout_s')
+    d2l.check_number(timeout_s, 'timeout_s', positive=True)
     d2l.check_pipeline_runs(runs, num_stages, X, y, depth, width)
     stages = split_stages(pipeline_mlp(depth, width), num_stages)
     records = []
