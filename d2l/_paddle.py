@@ -98,9 +98,8 @@ def _spawn_variables():
             if name.startswith(('PADDLE_', 'FLAGS_selected_'))]
 
 
-def _group_from_env(rank, world_size, init_method, local_rank=None,
-                    local_world_size=None):
-    """Check a rank and world size against the group that spawn or launch described in the environment; return the local rank and world size, the environment's unless given."""
+def _group_from_env(rank, world_size, init_method):
+    """Check a rank and world size against the group that spawn or launch described in the environment."""
     if 'PADDLE_TRAINER_ID' not in os.environ:
         raise RuntimeError(
             'no process group is described in the environment: run this code '
@@ -119,11 +118,6 @@ def _group_from_env(rank, world_size, init_method, local_rank=None,
     hosts = os.environ.get('PADDLE_TRAINER_ENDPOINTS', '').split(',')
     if all(_is_loopback(host.rsplit(':', 1)[0]) for host in hosts):
         os.environ['GLOO_SOCKET_IFNAME'] = _loopback_interface()
-    if local_rank is None:  # spawn leaves the local numbers out
-        local_rank = _int_from_env('PADDLE_LOCAL_RANK', 0, rank)
-    if local_world_size is None:
-        local_world_size = _int_from_env('PADDLE_LOCAL_SIZE', 1, world_size)
-    return local_rank, local_world_size
 
 
 def _set_group_timeout(timeout_s, device):

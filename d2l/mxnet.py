@@ -889,14 +889,7 @@ def local_batch_size(batch_size, world_size):
     """Each process's share of a global minibatch of `batch_size`.
 
     Defined in :numref:`sec_ddp_resnet`"""
-    d2l.check_count(batch_size, 'batch_size', 1)
-    d2l.check_count(world_size, 'world_size', 1)
-    if batch_size < world_size or batch_size % world_size:
-        below = max(world_size, batch_size - batch_size % world_size)
-        raise ValueError(
-            f'a global batch of {batch_size} cannot be shared equally by '
-            f'{world_size} processes; use a multiple of {world_size}, such as '
-            f'{below} or {below + world_size}')
+    d2l.check_global_batch(batch_size, world_size)  # a multiple of it
     return batch_size // world_size
 
 _manual_seed = mx.random.seed  # torch.manual_seed, paddle.seed
@@ -1015,23 +1008,14 @@ def _ddp_epochs(net, model, optimizer, loader, device, rank, world_size,
     summary['train_images'] = sizes[0]
     return summary
 
-def check_train_ddp(world_size, init_method, num_epochs, batch_size, lr,
-                    local_rank=None, local_world_size=None, warmup=0):
-    """Refuse bad arguments of train_ddp; return each rank's batch size.
-
-    Defined in :numref:`sec_ddp_resnet`"""
-    d2l.check_count(num_epochs, 'num_epochs', 1)
-    d2l.check_number(lr, 'lr')
-    d2l.check_warmup(warmup, num_epochs)
-    return local_batch_size(batch_size, world_size)
-
 def train_ddp(rank, world_size, init_method, num_epochs, batch_size, lr,
               local_rank=None, local_world_size=None, warmup=0):
     """Train d2l.resnet18 on Fashion-MNIST at global batch `batch_size`.
 
     Defined in :numref:`sec_ddp_resnet`"""
-    local_batch = check_train_ddp(world_size, init_method, num_epochs,
-                                  batch_size, lr, warmup=warmup)
+    d2l.check_train_ddp(world_size, init_method, num_epochs, batch_size, lr,
+                        warmup=warmup)
+    local_batch = local_batch_size(batch_size, world_size)
     with process_group(rank, world_size, init_method, local_rank=local_rank,
                        local_world_size=local_world_size) as device:
         loader = _sharded_loader(rank, world_size, local_batch)

@@ -741,8 +741,11 @@ def process_group(rank, world_size, init_method='env://', timeout_s=None,
     # spawn and the launcher describe the group in environment variables
     check_rank(rank, world_size)
     _check_timeout(timeout_s)
-    local_rank, local_world_size = _group_from_env(
-        rank, world_size, init_method, local_rank, local_world_size)
+    _group_from_env(rank, world_size, init_method)
+    if local_rank is None:
+        local_rank = _int_from_env('PADDLE_LOCAL_RANK', 0, rank)
+    if local_world_size is None:
+        local_world_size = _int_from_env('PADDLE_LOCAL_SIZE', 1, world_size)
     if device is None:
         device = ddp_device(local_rank, local_world_size)
     _set_group_timeout(timeout_s, device)
@@ -1009,14 +1012,7 @@ def local_batch_size(batch_size, world_size):
     """Each process's share of a global minibatch of `batch_size`.
 
     Defined in :numref:`sec_ddp_resnet`"""
-    d2l.check_count(batch_size, 'batch_size', 1)
-    d2l.check_count(world_size, 'world_size', 1)
-    if batch_size < world_size or batch_size % world_size:
-        below = max(world_size, batch_size - batch_size % world_size)
-        raise ValueError(
-            f'a global batch of {batch_size} cannot be shared equally by '
-            f'{world_size} processes; use a multiple of {world_size}, such as '
-            f'{below} or {below + world_size}')
+    d2l.check_global_batch(batch_size, world_size)  # a multiple of it
     return batch_size // world_size
 
 _manual_seed = paddle.seed  # PyTorch calls it torch.manual_seed
@@ -1130,23 +1126,14 @@ def _ddp_epochs(net, model, optimizer, loader, device, rank, world_size,
     summary['train_images'] = sizes[0]
     return summary
 
-def check_train_ddp(world_size, init_method, num_epochs, batch_size, lr,
-                    local_rank=None, local_world_size=None, warmup=0):
-    """Refuse bad arguments of train_ddp; return each rank's batch size.
-
-    Defined in :numref:`sec_ddp_resnet`"""
-    d2l.check_count(num_epochs, 'num_epochs', 1)
-    d2l.check_number(lr, 'lr')
-    d2l.check_warmup(warmup, num_epochs)
-    return local_batch_size(batch_size, world_size)
-
 def train_ddp(rank, world_size, init_method, num_epochs, batch_size, lr,
               local_rank=None, local_world_size=None, warmup=0):
     """Train d2l.resnet18 on Fashion-MNIST at global batch `batch_size`.
 
     Defined in :numref:`sec_ddp_resnet`"""
-    local_batch = check_train_ddp(world_size, init_method, num_epochs,
-                                  batch_size, lr, warmup=warmup)
+    d2l.check_train_ddp(world_size, init_method, num_epochs, batch_size, lr,
+                        warmup=warmup)
+    local_batch = local_batch_size(batch_size, world_size)
     with process_group(rank, world_size, init_method, local_rank=local_rank,
                        local_world_size=local_world_size) as device:
         loader = _sharded_loader(rank, world_size, local_batch)

@@ -925,6 +925,28 @@ def check_warmup(warmup, num_epochs):
                  f'got warmup={warmup!r}, num_epochs={num_epochs!r}')
 
 
+def check_global_batch(batch_size, world_size):
+    """Reject a global minibatch that `world_size` processes cannot share equally."""
+    check_count(batch_size, 'batch_size', 1)
+    check_count(world_size, 'world_size', 1)
+    if batch_size < world_size or batch_size % world_size:
+        below = max(world_size, batch_size - batch_size % world_size)
+        raise ValueError(
+            f'a global batch of {batch_size} cannot be shared equally by '
+            f'{world_size} processes; use a multiple of {world_size}, such as '
+            f'{below} or {below + world_size}')
+
+
+def check_train_ddp(world_size, init_method, num_epochs, batch_size, lr,
+                    local_rank=None, local_world_size=None, warmup=0):
+    """The checks of train_ddp (its arguments but the rank), which
+    spawn_ranks runs before it starts any process: train_ddp.check."""
+    check_count(num_epochs, 'num_epochs', 1)
+    check_number(lr, 'lr')
+    check_warmup(warmup, num_epochs)
+    check_global_batch(batch_size, world_size)
+
+
 def check_epoch(epoch, num_epochs):
     """Reject an epoch outside [0, num_epochs), or a bad num_epochs, saying so."""
     check(is_count(num_epochs, 1) and is_count(epoch)
@@ -1319,7 +1341,8 @@ __all__ = [
     '_heartbeat', 'FAILED_GRACE_S', '_wait_for_ranks',
     '_check_seed', 'check_scores_and_labels', 'check_reduce_args',
     'check_split', 'check_replicas', 'check_resnet_args', 'check_step',
-    '_check_model', 'check_warmup', 'check_epoch', 'check_rank',
+    '_check_model', 'check_warmup', 'check_global_batch', 'check_train_ddp',
+    'check_epoch', 'check_rank',
     '_int_from_env', '_check_timeout', '_loopback_interface', '_environment',
     '_is_loopback', '_WATCHDOG', '_script_path', '_needs', '_interleave',
     'check_stage_number', '_queue_link', '_merge', '_shard_axes',
