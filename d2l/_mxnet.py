@@ -464,6 +464,7 @@ def time_compute(model, batch_size, threads=None, num_steps=2, warmup=1,
     """Median seconds per plain SGD step of `model` on `batch_size` images."""
     cost_model_net(model)  # rejects an unknown name
     check_timing(num_steps, warmup, 1 if threads is None else threads, reps)
+    check_count(batch_size, 'batch_size', 1)
     if bf16:
         raise ValueError('bf16=True: this tab times float32 only')
     with _environment({'OMP_NUM_THREADS': str(threads or 1)}):

@@ -121,34 +121,14 @@ def _group_from_env(rank, world_size, init_method):
 
 
 def _set_group_timeout(timeout_s, device):
-    """Give an NCCL group `timeout_s` or a launcher's --timeout; refuse one for Gloo, which has none."""
+    """Give an NCCL group `timeout_s`, else a launcher's --timeout or spawn_ranks' GROUP_TIMEOUT_S; refuse one for Gloo, whose is fixed."""
     if timeout_s is None and d2l.ddp_backend(device) == 'nccl':
-        timeout_s = _PROCESS['launcher_timeout_s']
+        timeout_s = _PROCESS['group_timeout_s']
     if timeout_s is not None:
         if d2l.ddp_backend(device) != 'nccl':
             raise ValueError("timeout_s must be None on the CPU: PaddlePaddle's "
-                             'Gloo group has no timeout')
+                             'Gloo group has a fixed timeout of 30 s')
         os.environ['PADDLE_PG_TIMEOUT'] = str(int(timeout_s * 1000))
-
-
-@contextlib.contextmanager
-def _quiet_paddle_children():
-    """Keep PaddlePaddle's start-up notices and informational C++ logs out of the parent's output."""
-    quiet = {'GLOG_minloglevel': '2',  # read when a child imports paddle
-             'PYTHONWARNINGS': 'ignore::UserWarning'}
-    saved = {name: os.environ.get(name) for name in quiet}
-    os.environ.update(quiet)
-    try:
-        with warnings.catch_warnings():
-            # spawn says once per call that a CPU build trains on the CPU.
-            warnings.filterwarnings('ignore', message='.*CPUONLY')
-            yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def check_lenet_args(X, params):
@@ -186,7 +166,15 @@ def check_zero_step(states, devices, stage, lr, momentum):
 
 @contextlib.contextmanager
 def _quiet_spawn():
-    """Keep PaddlePaddle's start-up notices out of the output while processes start."""
+    """Keep PaddlePaddle's start-up notices out of the output while processes start (also from code without a file)."""
+    with _no_main_rerun():
+        with _quiet_notices():
+            yield
+
+
+@contextlib.contextmanager
+def _quiet_notices():
+    """Keep PaddlePaddle's start-up notices out of the output in the body of a `with` block."""
     quiet = {'GLOG_minloglevel': '2',  # no C++ INFO or WARNING lines
              'PYTHONWARNINGS': 'ignore::UserWarning'}  # import notices
     saved = {key: os.environ.get(key) for key in quiet}  # restored at the end
@@ -206,7 +194,7 @@ def _quiet_spawn():
                 os.environ[key] = value
 
 
-def check_spawn_args(net_fn, devices, batch_size, lr, num_epochs):
+def check_spawn_args(net_fn, devices, batch_size, lr, num_epochs, seed=0):
     """Reject arguments of train_concise_spawn that cannot work, saying which."""
     if isinstance(net_fn, nn.Layer) or not callable(net_fn):
         raise TypeError('net_fn must be a function that builds the model, got '
@@ -220,6 +208,7 @@ def check_spawn_args(net_fn, devices, batch_size, lr, num_epochs):
     d2l.check(batch_size % k == 0, f'batch_size {batch_size} cannot be shared '
                  f'equally by {k} processes; use a multiple of {k}')
     d2l.check_number(lr, 'lr')
+    _check_seed(seed)
 
 
 def spawn_per_device(worker, devices, folder, *args):
@@ -666,8 +655,9 @@ def ddp_script_path(framework=None):
 __all__ = [
     '_device_name', '_device_names', '_one_thread', '_collate_resized',
     'ArrayDataset', '_spawn_variables', '_group_from_env',
-    '_set_group_timeout', '_quiet_paddle_children', 'check_lenet_args',
+    '_set_group_timeout', 'check_lenet_args',
     'check_model_kind', 'check_zero_init', 'check_zero_step', '_quiet_spawn',
+    '_quiet_notices',
     'check_spawn_args', 'spawn_per_device', '_run_in_environment',
     'start_spawned_process', '_run_rank', '_stand_down', '_rendezvous_address',
     'check_pipeline_runs', '_live_grads', '_stage_shapes', '_pump', '_direction_groups',

@@ -143,7 +143,7 @@ def time_data_parallel(num_devices, global_batch, num_steps, warmup=1,
 def _join_group(backend, init_method, rank, world_size, timeout_s):
     """Join the default process group; a rendezvous on loopback listens on loopback only."""
     if timeout_s is None:
-        timeout_s = _PROCESS['launcher_timeout_s']
+        timeout_s = _PROCESS['group_timeout_s']
     timeout = timeout_s and datetime.timedelta(seconds=timeout_s)  # or None
     url = urllib.parse.urlsplit(init_method)
     host, port = url.hostname, url.port

@@ -579,19 +579,12 @@ def set_learning_rate(optimizer, lr):
     optimizer.set_learning_rate(lr)
 
 import contextlib
-import ipaddress
-import logging
-import multiprocessing.connection
-import pickle
-import signal
 import socket
 import subprocess
 import tempfile
 import threading
-import traceback
 
-import atexit
-import multiprocessing
+import pickle
 import types
 
 def ddp_device(local_rank, local_world_size):
@@ -658,10 +651,11 @@ def spawn_ranks(worker, world_size, *args, silence_s=60.0):
     Defined in :numref:`sec_process_groups`"""
     # results come back by rank; the server runs in processes of its own
     check_rank(0, world_size)
-    _check_worker(worker, args)
+    _check_worker(worker, world_size, args)  # and worker.check, if any
     _check_timeout(silence_s, 'silence_s')
     context, threads = _worker_context()  # one core per worker on a CPU
-    with tempfile.TemporaryDirectory(prefix='d2l-ranks-') as out_dir:
+    with tempfile.TemporaryDirectory(prefix='d2l-ranks-') as out_dir, \
+            _no_main_rerun():
         env, servers = _start_servers(context, world_size, out_dir)
         workers = []
         try:  # ps-lite numbers the workers in the order of their ports
@@ -895,14 +889,7 @@ def local_batch_size(batch_size, world_size):
     """Each process's share of a global minibatch of `batch_size`.
 
     Defined in :numref:`sec_ddp_resnet`"""
-    d2l.check_count(batch_size, 'batch_size', 1)
-    d2l.check_count(world_size, 'world_size', 1)
-    if batch_size < world_size or batch_size % world_size:
-        below = max(world_size, batch_size - batch_size % world_size)
-        raise ValueError(
-            f'a global batch of {batch_size} cannot be shared equally by '
-            f'{world_size} processes; use a multiple of {world_size}, such as '
-            f'{below} or {below + world_size}')
+    d2l.check_global_batch(batch_size, world_size)  # a multiple of it
     return batch_size // world_size
 
 _manual_seed = mx.random.seed  # torch.manual_seed, paddle.seed
@@ -1025,8 +1012,8 @@ def train_ddp(rank, world_size, init_method, num_epochs, batch_size, lr,
     """Train d2l.resnet18 on Fashion-MNIST at global batch `batch_size`.
 
     Defined in :numref:`sec_ddp_resnet`"""
-    d2l.check_count(num_epochs, 'num_epochs', 1)
-    d2l.check_number(lr, 'lr')
+    d2l.check_train_ddp(world_size, init_method, num_epochs, batch_size, lr,
+                        warmup=warmup)
     local_batch = local_batch_size(batch_size, world_size)
     with process_group(rank, world_size, init_method, local_rank=local_rank,
                        local_world_size=local_world_size) as device:
@@ -1040,6 +1027,8 @@ def train_ddp(rank, world_size, init_method, num_epochs, batch_size, lr,
                                 update_on_kvstore=False)
         return _ddp_epochs(net, net, trainer, loader, device, rank,
                            world_size, num_epochs, lr, warmup)
+
+train_ddp.check = check_train_ddp  # spawn_ranks runs it before it starts
 
 def describe_ddp_run(summary):
     """A few lines about a distributed training run, from a rank's summary.
@@ -1519,7 +1508,7 @@ def time_pipeline(runs, num_stages, X, y, depth, width, timeout_s=60.0):
     """Run each (schedule, m) of `runs` with a thread per stage.
 
     Defined in :numref:`sec_pipeline`"""
-    d2l.check_number(timeout_s, 'timeout_s')
+    d2l.check_number(timeout_s, 'timeout_s', positive=True)
     d2l.check_pipeline_runs(runs, num_stages, X, y, depth, width)
     stages = split_stages(pipeline_mlp(depth, width), num_stages)
     records = []

@@ -4,6 +4,7 @@ Process start and stop, failure reports, deadlines, the Fashion-MNIST
 files, timing and argument checks: what the book's helpers rely on but
 do not teach. The appendix page "The Machinery of the d2l Package" states
 what it promises. Nothing here imports a deep-learning framework."""
+import ast
 import contextlib
 import gzip
 import hashlib
@@ -17,6 +18,7 @@ import numbers
 import os
 import pickle
 import queue
+import re
 import signal
 import socket
 import statistics
@@ -530,8 +532,15 @@ def describe_mode(quick, n_train, n_test):
 
 
 # What spawn_ranks or a launcher told this process: the folder its failure
-# report goes to (_start_rank), and a launcher's --timeout (launcher_deadline).
-_PROCESS = {'report_dir': None, 'launcher_timeout_s': None}
+# report goes to (_start_rank), and the timeout of the groups it joins when
+# process_group is given none (launcher_deadline's, or GROUP_TIMEOUT_S).
+_PROCESS = {'report_dir': None, 'group_timeout_s': None}
+
+
+# How long a collective of a group in spawn_ranks' processes waits for a peer
+# unless process_group is given a timeout_s: long enough for any exchange of
+# the book's runs on a busy CPU, short enough to wait for in a notebook.
+GROUP_TIMEOUT_S = 120.0
 
 
 def _record_rank_failure(rank):
@@ -554,17 +563,28 @@ def _collect_results(out_dir, world_size):
     return results
 
 
-def _check_worker(worker, args):
-    """Fail early, in this process, if spawned processes could not import `worker` or unpickle `args`."""
+def _main_file(main):
+    """The file the main module `main` was read from; None if there is none."""
+    # a notebook, python -c and the interactive prompt give none; a script
+    # read on standard input gives '<stdin>', which names no file
+    path = getattr(main, '__file__', None)
+    return path if isinstance(path, str) and os.path.isfile(path) else None
+
+
+def _check_worker(worker, world_size, args):
+    """Fail in this process, before any starts, if the new processes could
+    not import `worker` or unpickle `args`, or if `worker.check` refuses
+    (world_size, *args): the checks a worker carries for this moment."""
     if not callable(worker):
         raise TypeError(f'worker must be a function, got {worker!r}')
     main = sys.modules.get('__main__')
     if getattr(worker, '__module__', None) == '__main__' and \
-            not hasattr(main, '__file__'):
+            _main_file(main) is None:
         raise ValueError(
-            f'worker {worker.__name__} is defined in this notebook or '
-            f'interpreter session, which new processes cannot import: save it '
-            f'in a module (as the book saves its workers in d2l) and pass that')
+            f'worker {worker.__name__} is defined in this notebook, '
+            f'interpreter session or code without a file, which new '
+            f'processes cannot import: save it in a module (as the book saves '
+            f'its workers in d2l) and pass that')
     _check_main_guard(main)
     for name, value in (('worker', worker), ('args', args)):
         try:
@@ -574,22 +594,56 @@ def _check_worker(worker, args):
                 f'{name} cannot be sent to new processes ({err}); use a '
                 f'function defined at the top level of a module and '
                 f'arguments that pickle') from None
+    check = getattr(worker, 'check', None)
+    if check is not None:  # e.g. train_ddp.check: its arguments, refused here
+        check(world_size, *args)
+
+
+def _guarded_lines(path):
+    """The line ranges of the `if __name__ == '__main__':` blocks of `path`."""
+    try:
+        with open(path, errors='replace') as f:
+            tree = ast.parse(f.read())
+    except (OSError, SyntaxError, ValueError):  # changed since it started
+        return None
+    return [(node.lineno, node.end_lineno) for node in tree.body
+            if isinstance(node, ast.If) and '__main__' in ast.unparse(node.test)]
 
 
 def _check_main_guard(main):
-    """Fail early if a script starts ranks at its top level, unguarded."""
-    path, frame = getattr(main, '__file__', None), sys._getframe(2)
-    while frame is not None and frame.f_globals is not vars(main):
-        frame = frame.f_back  # the script's own frame, if it called us
-    if path is None or frame is None or frame.f_code.co_name != '<module>':
+    """Fail early if a script's top-level code starts ranks, unguarded."""
+    # directly or through functions it calls: every new process imports the
+    # script again and would run that code too
+    path, frame = _main_file(main), sys._getframe(2)
+    while frame is not None and not (frame.f_globals is vars(main) and
+                                     frame.f_code.co_name == '<module>'):
+        frame = frame.f_back  # the script's top-level code, if it runs now
+    if path is None or frame is None:
         return
-    with open(path, errors='replace') as f:
-        if '__main__' in f.read():
-            return
+    guarded = _guarded_lines(path)
+    if guarded is None or any(first <= frame.f_lineno <= last
+                              for first, last in guarded):
+        return
     raise RuntimeError(
         f'{path} starts processes at its top level, and every new process '
         f'imports that script again: put the code that starts them under '
         f"`if __name__ == '__main__':`")
+
+
+@contextlib.contextmanager
+def _no_main_rerun():
+    """While processes start, hide a main module's `__file__` that names no
+    file ('<stdin>'): multiprocessing would make each process run it."""
+    main = sys.modules.get('__main__')
+    path = getattr(main, '__file__', None)
+    if path is None or _main_file(main) is not None:
+        yield
+        return
+    del main.__file__
+    try:
+        yield
+    finally:
+        main.__file__ = path
 
 
 @contextlib.contextmanager
@@ -642,6 +696,7 @@ def _die_with_parent(parent_pid):
 def _start_rank(rank, out_dir, parent_pid, env, keep=()):
     """Prepare a new process: take `env`, log to out_dir, die with parent."""
     _PROCESS['report_dir'] = out_dir
+    _PROCESS['group_timeout_s'] = GROUP_TIMEOUT_S
     _take_environment(env, keep)
     log = os.open(os.path.join(out_dir, f'rank{rank}.log'),
                   os.O_WRONLY | os.O_CREAT | os.O_APPEND)
@@ -662,32 +717,64 @@ def _finish_rank(rank, out_dir, result):
                os.path.join(out_dir, f'rank{rank}.pkl'))
 
 
-def _rank_failure(out_dir, world_size, exit_codes):
-    """The error to raise for a failed group, given the ranks' exit codes."""
-    killed = [rank for rank, code in enumerate(exit_codes)
-              if code is not None and code < 0 and -code != signal.SIGABRT]
-    written = []
+def _rank_errors(out_dir, world_size):
+    """{rank: (time, traceback)} of the ranks that wrote down an error."""
+    written = {}
     for rank in range(world_size):
         path = os.path.join(out_dir, f'rank{rank}.error')
         if os.path.exists(path):
             with open(path) as f:
                 when, trace = f.read().split('\n', 1)
-            written.append((float(when), rank, trace))
-    if written and not killed:
-        _, rank, trace = min(written)
-        return RuntimeError(f'rank {rank} of {world_size} failed:\n{trace}')
-    rank = killed[0] if killed else next(
-        r for r, code in enumerate(exit_codes) if code not in (None, 0))
-    code = exit_codes[rank]
-    how = (f'signal {signal.Signals(-code).name}' if code < 0
-           else f'exit code {code}')
-    message = (f'rank {rank} of {world_size} died ({how}) without a Python '
-               f'error')
-    log = os.path.join(out_dir, f'rank{rank}.log')
-    if os.path.exists(log):
-        with open(log, errors='replace') as f:
-            tail = f.read()[-3000:]
-        message += f'.\nThe end of its output:\n{tail}'
+            written[rank] = (float(when), trace)
+    return written
+
+
+# The last words of a wait that gave up: Gloo's 'Timed out waiting',
+# PaddlePaddle's 'TIMEOUT', NCCL's watchdog 'timing out', TimeoutError.
+_TIMED_OUT = re.compile(r'time ?out|timed out|timing out', re.IGNORECASE)
+
+
+def _rank_failure(out_dir, world_size, exit_codes):
+    """The error to raise for a failed group, given the ranks' exit codes."""
+    # None: still running when the others had ended
+    written = _rank_errors(out_dir, world_size)
+    # A rank that died without a Python error is the cause, and its peers'
+    # errors (a lost connection) are echoes; Gloo's abort (SIGABRT) on a lost
+    # peer is an echo too.
+    died = [rank for rank, code in enumerate(exit_codes) if code is not None
+            and code < 0 and -code != signal.SIGABRT] + [
+        rank for rank, code in enumerate(exit_codes) if code is not None
+        and code > 0 and rank not in written]
+    if written and not died:
+        _, rank = min((when, rank) for rank, (when, _) in written.items())
+        message = f'rank {rank} of {world_size} failed:\n{written[rank][1]}'
+        last_words = written[rank][1].strip().splitlines()[-1:]
+    else:
+        rank = died[0] if died else next(
+            r for r, code in enumerate(exit_codes) if code not in (None, 0))
+        code = exit_codes[rank]
+        how = (f'signal {signal.Signals(-code).name}' if code < 0
+               else f'exit code {code}')
+        message = (f'rank {rank} of {world_size} died ({how}) without a '
+                   f'Python error')
+        last_words = []
+        log = os.path.join(out_dir, f'rank{rank}.log')
+        if os.path.exists(log):
+            with open(log, errors='replace') as f:
+                last_words = [f.read()[-3000:]]
+            message += f'.\nThe end of its output:\n{last_words[0]}'
+    # A rank that gave up waiting blames the ranks that never came: those
+    # still running, without an error, when it and the others had ended.
+    stuck = [r for r, code in enumerate(exit_codes)
+             if code is None and r not in written]
+    if stuck and not died and _TIMED_OUT.search(''.join(last_words)):
+        who = ', '.join(map(str, stuck))
+        return RuntimeError(
+            f'rank{"s" * (len(stuck) > 1)} {who} of {world_size} did not '
+            f'arrive: still running, without an error, when rank {rank} '
+            f'gave up waiting for {"them" if len(stuck) > 1 else "it"} '
+            f'(stuck, sleeping or in an endless loop before a collective '
+            f'the others had reached). What rank {rank} said:\n{message}')
     return RuntimeError(message)
 
 
@@ -730,9 +817,13 @@ def _heartbeat(path):
         time.sleep(1.0)
 
 
+FAILED_GRACE_S = 5.0  # how long the others may run on once a rank failed
+
+
 def _wait_for_ranks(processes, out_dir, silence_s, servers=()):
     """Wait until all ranks end well (None) or one fails (their exit codes); raise if one falls silent or a server ends."""
     seen, checked = {}, time.monotonic()  # rank: (heartbeat, when it changed)
+    failed_at = None  # when a rank was first seen to fail
     while True:
         codes = [process.exitcode for process in processes]
         if all(code == 0 for code in codes):
@@ -742,18 +833,20 @@ def _wait_for_ranks(processes, out_dir, silence_s, servers=()):
                 raise RuntimeError(
                     f'a parameter-server process ended (exit code '
                     f'{server.exitcode}) while the workers still ran')
-        if any(code not in (None, 0) for code in codes):
-            # A peer's death may show seconds after the error it caused: a
-            # killed process with many threads ends slowly on a busy machine.
-            deadline = time.monotonic() + 5
-            running = [p.sentinel for p in processes if p.exitcode is None]
-            while running and time.monotonic() < deadline:
-                multiprocessing.connection.wait(
-                    running, deadline - time.monotonic())
-                running = [p.sentinel for p in processes
-                           if p.exitcode is None]
-            return [process.exitcode for process in processes]
         now = time.monotonic()
+        # A rank has failed once it exits with an error or writes one down,
+        # even if it then hangs on its way out (MXNet's store, freed, waits
+        # for its peers). The others get a few seconds to end by themselves:
+        # a killed process with many threads ends slowly on a busy machine,
+        # and a peer's death may show after the error it caused.
+        if failed_at is None and any(
+                code not in (None, 0) or os.path.exists(os.path.join(
+                    out_dir, f'rank{rank}.error'))
+                for rank, code in enumerate(codes)):
+            failed_at = now
+        if failed_at is not None and (now - failed_at > FAILED_GRACE_S or
+                                      None not in codes):
+            return codes
         if now - checked > 5:  # this process was stopped or suspended too
             seen = {}
         checked = now
@@ -861,9 +954,32 @@ def _check_model(net, kind, kind_name):
 
 
 def check_warmup(warmup, num_epochs):
-    """Reject a warm-up that is not shorter than the run, saying so."""
+    """Reject a warm-up that is not a count shorter than the run, saying so."""
+    check_count(warmup, 'warmup')
     check(warmup < num_epochs, f'warmup must be below num_epochs, '
                  f'got warmup={warmup!r}, num_epochs={num_epochs!r}')
+
+
+def check_global_batch(batch_size, world_size):
+    """Reject a global minibatch that `world_size` processes cannot share equally."""
+    check_count(batch_size, 'batch_size', 1)
+    check_count(world_size, 'world_size', 1)
+    if batch_size < world_size or batch_size % world_size:
+        below = max(world_size, batch_size - batch_size % world_size)
+        raise ValueError(
+            f'a global batch of {batch_size} cannot be shared equally by '
+            f'{world_size} processes; use a multiple of {world_size}, such as '
+            f'{below} or {below + world_size}')
+
+
+def check_train_ddp(world_size, init_method, num_epochs, batch_size, lr,
+                    local_rank=None, local_world_size=None, warmup=0):
+    """The checks of train_ddp (its arguments but the rank), which
+    spawn_ranks runs before it starts any process: train_ddp.check."""
+    check_count(num_epochs, 'num_epochs', 1)
+    check_number(lr, 'lr')
+    check_warmup(warmup, num_epochs)
+    check_global_batch(batch_size, world_size)
 
 
 def check_epoch(epoch, num_epochs):
@@ -1396,14 +1512,16 @@ __all__ = [
     '_find_idx_file', 'DOWNLOAD_WAIT_S', '_lock_or_wait', '_FileLock',
     '_check_download_dir', '_write_atomically', '_download_fashion_mnist',
     'read_idx_file', 'balanced_subset', 'subset_per_class',
-    '_FASHION_MNIST_CACHE', 'describe_mode', '_PROCESS',
-    '_record_rank_failure', '_collect_results', '_check_worker',
-    '_check_main_guard', '_quiet_logger', '_fork_server', '_take_environment',
-    '_die_with_parent', '_start_rank', '_finish_rank', '_rank_failure',
-    '_stop_processes', '_join_ranks', '_heartbeat', '_wait_for_ranks',
+    '_FASHION_MNIST_CACHE', 'describe_mode', '_PROCESS', 'GROUP_TIMEOUT_S',
+    '_record_rank_failure', '_collect_results', '_main_file', '_check_worker',
+    '_guarded_lines', '_check_main_guard', '_no_main_rerun', '_quiet_logger', '_fork_server', '_take_environment',
+    '_die_with_parent', '_start_rank', '_finish_rank', '_rank_errors',
+    '_TIMED_OUT', '_rank_failure', '_stop_processes', '_join_ranks',
+    '_heartbeat', 'FAILED_GRACE_S', '_wait_for_ranks',
     '_check_seed', 'check_scores_and_labels', 'check_reduce_args',
     'check_split', 'check_replicas', 'check_resnet_args', 'check_step',
-    '_check_model', 'check_warmup', 'check_epoch', 'check_rank',
+    '_check_model', 'check_warmup', 'check_global_batch', 'check_train_ddp',
+    'check_epoch', 'check_rank',
     '_int_from_env', '_check_timeout', '_loopback_interface', '_environment',
     '_is_loopback', '_WATCHDOG', '_script_path', '_needs', '_interleave',
     'check_stage_number', '_queue_link', '_merge', '_shard_axes',

@@ -589,18 +589,11 @@ def set_learning_rate(optimizer, lr):
         group['lr'] = lr
 
 import contextlib
-import ipaddress
-import logging
-import multiprocessing.connection
-import pickle
-import signal
 import socket
 import subprocess
 import tempfile
 import threading
-import traceback
 
-import datetime
 import urllib.parse
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -671,10 +664,10 @@ def spawn_ranks(worker, world_size, *args, silence_s=60.0):
 
     Defined in :numref:`sec_process_groups`"""
     check_rank(0, world_size)
-    _check_worker(worker, args)
+    _check_worker(worker, world_size, args)  # and worker.check, if any
     _check_timeout(silence_s, 'silence_s')
     with tempfile.TemporaryDirectory(prefix='d2l-ranks-') as out_dir, \
-            _quiet_logger('torch.multiprocessing.spawn'):
+            _quiet_logger('torch.multiprocessing.spawn'), _no_main_rerun():
         context = mp.start_processes(
             _run_rank, args=(worker, world_size, args, out_dir, os.getpid(),
                              dict(os.environ)),
@@ -731,13 +724,13 @@ def launcher_deadline(rank, world_size, timeout_s):
     done = threading.Event()
     threading.Thread(target=_stand_down, args=(watchdog, done, world_size),
                      daemon=True).start()
-    _PROCESS['launcher_timeout_s'] = timeout_s
+    _PROCESS['group_timeout_s'] = timeout_s
     try:
         yield
     finally:
         done.set()
         watchdog.wait()  # it ends when told to stand down
-        _PROCESS['launcher_timeout_s'] = None
+        _PROCESS['group_timeout_s'] = None
 
 def fashion_mnist_tensors(split):
     """Fashion-MNIST images and labels as tensors; a subset in quick mode.
@@ -926,14 +919,7 @@ def local_batch_size(batch_size, world_size):
     """Each process's share of a global minibatch of `batch_size`.
 
     Defined in :numref:`sec_ddp_resnet`"""
-    d2l.check_count(batch_size, 'batch_size', 1)
-    d2l.check_count(world_size, 'world_size', 1)
-    if batch_size < world_size or batch_size % world_size:
-        below = max(world_size, batch_size - batch_size % world_size)
-        raise ValueError(
-            f'a global batch of {batch_size} cannot be shared equally by '
-            f'{world_size} processes; use a multiple of {world_size}, such as '
-            f'{below} or {below + world_size}')
+    d2l.check_global_batch(batch_size, world_size)  # a multiple of it
     return batch_size // world_size
 
 _manual_seed = torch.manual_seed  # PaddlePaddle calls it paddle.seed
@@ -1031,8 +1017,8 @@ def train_ddp(rank, world_size, init_method, num_epochs, batch_size, lr,
     """Train d2l.resnet18 on Fashion-MNIST at global batch `batch_size`.
 
     Defined in :numref:`sec_ddp_resnet`"""
-    d2l.check_count(num_epochs, 'num_epochs', 1)
-    d2l.check_number(lr, 'lr')
+    d2l.check_train_ddp(world_size, init_method, num_epochs, batch_size, lr,
+                        warmup=warmup)
     local_batch = local_batch_size(batch_size, world_size)
     with process_group(rank, world_size, init_method, local_rank=local_rank,
                        local_world_size=local_world_size) as device:
@@ -1043,6 +1029,8 @@ def train_ddp(rank, world_size, init_method, num_epochs, batch_size, lr,
         # Tests use the bare model: the wrapper may exchange buffers.
         return _ddp_epochs(net, model, _sgd(net, lr), loader, device, rank,
                            world_size, num_epochs, lr, warmup)
+
+train_ddp.check = check_train_ddp  # spawn_ranks runs it before it starts
 
 def describe_ddp_run(summary):
     """A few lines about a distributed training run, from a rank's summary.
@@ -1575,7 +1563,7 @@ def time_pipeline(runs, num_stages, X, y, depth, width, timeout_s=60.0):
     """Run each (schedule, m) of `runs` with a process per stage.
 
     Defined in :numref:`sec_pipeline`"""
-    d2l.check_number(timeout_s, 'timeout_s')
+    d2l.check_number(timeout_s, 'timeout_s', positive=True)
     d2l.check_pipeline_runs(runs, num_stages, X, y, depth, width)
     ranks = spawn_ranks(_pipeline_worker, num_stages, _rendezvous(), runs,
                         X.cpu().numpy(), y.cpu().numpy(), depth, width,

@@ -418,7 +418,8 @@ def test_paddle_evaluation_runs_each_copy_under_its_device_guard(monkeypatch):
                                     'by 2 processes'),
     ({'batch_size': 0}, ValueError, 'batch_size must be a positive integer'),
     ({'num_epochs': 0}, ValueError, 'num_epochs must be a positive integer'),
-    ({'lr': -0.1}, ValueError, 'lr must be a finite non-negative number')])
+    ({'lr': -0.1}, ValueError, 'lr must be a finite non-negative number'),
+    ({'seed': -1}, ValueError, 'seed must be a non-negative integer')])
 def test_paddle_spawn_rejects_bad_arguments_before_starting(bad, error,
                                                             message):
     import functools
@@ -431,6 +432,23 @@ def test_paddle_spawn_rejects_bad_arguments_before_starting(bad, error,
         args['net_fn'] = d2l.resnet18(10)
     with pytest.raises(error, match=message):
         d2l.train_concise_spawn(**args)
+
+
+def test_paddle_processes_start_from_code_read_on_standard_input(tmp_path):
+    """Python names such code's file '<stdin>'; the new processes must not
+    try to run it again."""
+    import sys
+    from test_process_groups import RESULT, finish, result_of, start
+    (tmp_path / 'program').write_text(
+        'import json, tempfile, paddle\nfrom d2l import paddle as d2l\n'
+        'with tempfile.TemporaryDirectory() as folder:\n'
+        '    found = d2l.spawn_per_device(d2l.num_gpus, '
+        '[paddle.CPUPlace()] * 2, folder)\n'
+        f'print({RESULT!r} + json.dumps(found))\n')
+    with open(tmp_path / 'program') as program:
+        proc = start([sys.executable], stdin=program, cwd=tmp_path)
+        out, err = finish(proc, 180)
+    assert result_of(out, err, proc) == [0, 0]
 
 
 def small_paddle_net():

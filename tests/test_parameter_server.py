@@ -57,6 +57,20 @@ def raise_on_rank_1(rank, world_size, marker_dir):
     kv.pull(0, out=out)  # never returns: rank 1 pushes nothing
     out.wait_to_read()
 
+def raise_in_process_group(rank, world_size, marker_dir):
+    """Rank 1 raises inside process_group while rank 0 waits in a pull."""
+    from d2l import mxnet as d2l
+    with d2l.process_group(rank, world_size) as device:
+        if rank == 1:
+            raise OSError('rank 1 cannot read its data')
+        kv = d2l._STORES[-1]
+        kv.init(0, np.zeros(3))
+        kv.push(0, np.ones(3))
+        out = np.zeros(3)
+        open(os.path.join(marker_dir, 'waits'), 'w').write(repr(time.time()))
+        kv.pull(0, out=out)  # never returns: rank 1 pushes nothing
+        out.wait_to_read()
+
 def kill_rank_1(rank, world_size, marker_dir):
     """Rank 1 is killed by SIGKILL after joining the store."""
     kv = mx.kv.create('dist_sync')
@@ -132,6 +146,31 @@ def test_a_worker_that_raises_reaches_the_parent_with_its_rank_and_message(
     assert 'ValueError: rank 1 cannot go on' in message
     pids = [int((markers / f'pid{r}').read_text()) for r in (0, 1)]
     assert not any(alive(pid) for pid in pids)
+
+
+def test_a_worker_that_raises_inside_process_group_ends_the_run_within_seconds(
+        tmp_path):
+    """Its store, freed on the way out, waits for the other worker forever;
+    its written error is enough to end the run."""
+    from d2l import mxnet as d2l
+    markers = tmp_path / 'markers'
+    markers.mkdir()
+    proc = run(tmp_path, f'''
+        import multiprocessing
+        try:
+            d2l.spawn_ranks(ps_test_workers.raise_in_process_group, 2,
+                            {str(markers)!r})
+            message = 'no error'
+        except RuntimeError as err:
+            message = str(err)
+        report([message, time.time(), len(multiprocessing.active_children())])
+        ''')
+    message, ended, children = result_of(*finish(proc, 120), proc)
+    assert message.startswith('rank 1 of 2 failed'), message[:2000]
+    assert 'OSError: rank 1 cannot read its data' in message
+    waits = float((markers / 'waits').read_text())
+    assert ended - waits < d2l.FAILED_GRACE_S + 10
+    assert children == 0
 
 
 def test_a_killed_worker_ends_the_run_within_seconds_leaving_no_process(

@@ -538,6 +538,66 @@ def hold_group(rank, world_size, init_method, framework, marker_dir):
                  'word to leave')
         d2l.dist.barrier()
     return seen
+
+
+def flavour(framework):
+    """The d2l module of `framework`, imported in this process."""
+    import importlib
+    return importlib.import_module('d2l.' + {
+        'pytorch': 'torch', 'paddle': 'paddle', 'mxnet': 'mxnet'}[framework])
+
+
+def error_then_hang(rank, world_size, framework, marker_dir):
+    """Rank 1 writes down its error and then hangs on its way out (as MXNet's
+    store does when freed); rank 0 waits long for it."""
+    import os
+    if rank == 1:
+        try:
+            raise OSError('rank 1 cannot read its data')
+        except OSError:
+            flavour(framework)._record_rank_failure(rank)
+        write(os.path.join(marker_dir, 'reported'), repr(time.time()))
+    time.sleep(300)
+
+
+def exit_in_group(rank, world_size, init_method, framework):
+    """Rank 1 ends its process without a Python error, inside the group,
+    while rank 0 keeps exchanging."""
+    import os
+    d2l = flavour(framework)
+    with d2l.process_group(rank, world_size, init_method):
+        d2l.dist.barrier()
+        if rank == 1:
+            os._exit(3)
+        for _ in range(200):
+            d2l.dist.all_reduce(d2l.tensor([1.0]))
+            time.sleep(0.01)
+    return 'finished'
+
+
+def stuck_before_collective(rank, world_size, init_method, framework,
+                            timeout_s, marker_dir):
+    """Rank 1 sleeps, alive, before an all-reduce that rank 0 enters."""
+    import os
+    d2l = flavour(framework)
+    with d2l.process_group(rank, world_size, init_method, timeout_s):
+        d2l.dist.barrier()
+        if rank == 1:
+            time.sleep(300)
+        write(os.path.join(marker_dir, 'waits'), repr(time.time()))
+        d2l.dist.all_reduce(d2l.tensor([1.0]))
+    return 'finished'
+
+
+def group_timeout(rank, world_size, init_method, framework):
+    """The timeout this rank's group got without one from process_group."""
+    d2l = flavour(framework)
+    with d2l.process_group(rank, world_size, init_method):
+        seen = {'default': d2l._PROCESS['group_timeout_s']}
+        if framework == 'pytorch':
+            backend = d2l.dist.group.WORLD._get_backend(d2l.torch.device('cpu'))
+            seen['gloo'] = backend.options._timeout.total_seconds()
+        return seen
 '''
 
 
@@ -880,6 +940,209 @@ def test_a_launcher_s_timeout_also_bounds_each_exchange(ddp, framework):
         finish(ranks[1], 30)
     assert 'Timed out' in said or 'timed out' in said, said
     assert seconds < 60
+
+
+# ---- Faults, round three (issue 43): no wait without end, the right rank. ----
+
+
+def spawn_and_report(framework, call, tmp_path, deadline_s=180):
+    """Run `call` (spawn_ranks over ddp_test_workers) in a scenario; return its error message (or 'no error') and when it ended."""
+    code = workers_code(framework, f'''
+        try:
+            {call}
+            message = 'no error'
+        except RuntimeError as err:
+            message = str(err)
+        report([message, time.time()])
+        ''')
+    proc = start([sys.executable, '-c', code], env=workers_env(tmp_path))
+    return result_of(*finish(proc, deadline_s), proc)
+
+
+def test_a_rank_whose_error_is_written_fails_the_run_even_if_its_process_hangs(
+        d2l, framework, tmp_path):
+    markers = tmp_path / 'markers'
+    markers.mkdir()
+    message, ended = spawn_and_report(
+        framework, f'd2l.spawn_ranks(ddp_test_workers.error_then_hang, 2, '
+        f'{framework!r}, {str(markers)!r})', tmp_path)
+    assert message.startswith('rank 1 of 2 failed'), message[:2000]
+    assert 'OSError: rank 1 cannot read its data' in message
+    reported = float((markers / 'reported').read_text())
+    assert ended - reported < 10 + d2l.FAILED_GRACE_S
+
+
+def test_a_rank_that_exits_without_a_python_error_is_named_not_the_peer_that_lost_it(
+        ddp, framework, tmp_path):
+    init = ('d2l.local_init_method()' if framework == 'pytorch'
+            else "'env://'")
+    message, _ = spawn_and_report(
+        framework, f'd2l.spawn_ranks(ddp_test_workers.exit_in_group, 2, '
+        f'{init}, {framework!r})', tmp_path)
+    # rank 0 wrote down 'Connection reset by peer' first: an echo
+    assert message.startswith('rank 1 of 2 died (exit code 3) without a '
+                              'Python error'), message[:2000]
+
+
+@pytest.mark.slow
+def test_a_rank_stuck_before_a_collective_is_named_when_its_peer_times_out(
+        ddp, framework, tmp_path):
+    # PaddlePaddle's Gloo group has a fixed timeout of 30 s
+    timeout_s, given, init = ((3, 3, 'd2l.local_init_method()')
+                              if framework == 'pytorch'
+                              else (30, None, "'env://'"))
+    markers = tmp_path / 'markers'
+    markers.mkdir()
+    message, ended = spawn_and_report(
+        framework, f'd2l.spawn_ranks(ddp_test_workers.stuck_before_collective'
+        f', 2, {init}, {framework!r}, {given}, {str(markers)!r})', tmp_path)
+    assert message.startswith('rank 1 of 2 did not arrive: still running, '
+                              'without an error, when rank 0 gave up waiting '
+                              'for it'), message[:2000]
+    # what rank 0 said, as context: Gloo's own words
+    assert 'rank 0 of 2 failed' in message
+    assert 'Timed out' in message or 'TIMEOUT' in message, message[-500:]
+    waited = ended - float((markers / 'waits').read_text())
+    assert waited < timeout_s + 10
+
+
+def test_spawn_ranks_gives_its_groups_a_timeout_a_reader_can_wait_for(
+        ddp, framework, tmp_path):
+    init = ('d2l.local_init_method()' if framework == 'pytorch'
+            else "'env://'")
+    code = workers_code(framework, f'''
+        report(d2l.spawn_ranks(ddp_test_workers.group_timeout, 2, {init},
+                               {framework!r}))
+        ''')
+    proc = start([sys.executable, '-c', code], env=workers_env(tmp_path))
+    seen = result_of(*finish(proc, 180), proc)
+    assert ddp.GROUP_TIMEOUT_S <= 300  # minutes, not PyTorch's half hour
+    for rank in seen:
+        assert rank['default'] == ddp.GROUP_TIMEOUT_S
+        if framework == 'pytorch':  # what Gloo itself waits
+            assert rank['gloo'] == ddp.GROUP_TIMEOUT_S
+
+
+@pytest.mark.parametrize('how', ['at top level', 'in a function'])
+def test_a_script_whose_top_level_starts_ranks_unguarded_gets_the_one_line_fix(
+        framework, tmp_path, how):
+    from conftest import MODULES
+    script = tmp_path / 'unguarded.py'
+    call = 'd2l.spawn_ranks(d2l.try_gpu, 2)'
+    body = (f'{call}\n' if how == 'at top level' else
+            f'def main():\n    {call}\n\n\nmain()\n')
+    script.write_text(f'from d2l import {MODULES[framework]} as d2l\n{body}')
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    done = subprocess.run([sys.executable, str(script)], env=env, text=True,
+                          capture_output=True, timeout=120)
+    assert done.returncode == 1
+    last = done.stderr.strip().splitlines()[-1]
+    assert last == (f'RuntimeError: {script} starts processes at its top '
+                    f'level, and every new process imports that script '
+                    f"again: put the code that starts them under "
+                    f"`if __name__ == '__main__':`")
+
+
+def test_a_script_that_starts_ranks_from_a_function_under_the_guard_passes(
+        ddp, tmp_path, monkeypatch):
+    import types
+    script = tmp_path / 'guarded.py'
+    guarded = ('def start():\n    check()\n\n\n'
+               'def main():\n    start()\n\n\n'
+               "if __name__ == '__main__':\n    main()\n")
+    unguarded = guarded.replace("if __name__ == '__main__':\n    ", '')
+    main = types.ModuleType('__main__')  # the script, run as __main__
+    main.__file__ = str(script)
+    # spawn_ranks's own check, two calls below the script's top level
+    main.check = lambda: ddp._check_worker(ddp.try_gpu, 2, ())
+    monkeypatch.setitem(sys.modules, '__main__', main)
+    for code in (guarded, unguarded):
+        script.write_text(code)
+        if code is guarded:
+            exec(compile(code, str(script), 'exec'), vars(main))
+            continue
+        with pytest.raises(RuntimeError, match='starts processes at its top'):
+            exec(compile(code, str(script), 'exec'), vars(main))
+
+
+STDIN_CALLS = {
+    'pytorch': 'd2l.spawn_ranks(d2l.all_reduce_demo, 2, '
+               'd2l.local_init_method())',
+    'paddle': "d2l.spawn_ranks(d2l.all_reduce_demo, 2, 'env://')",
+    'mxnet': 'd2l.spawn_ranks(d2l.push_pull_demo, 2)'}
+
+
+def test_code_read_from_standard_input_starts_ranks_of_a_saved_worker(
+        framework, tmp_path):
+    from conftest import MODULES
+    code = (f'import json\nfrom d2l import {MODULES[framework]} as d2l\n'
+            f'ranks = {STDIN_CALLS[framework]}\n'
+            f'print({RESULT!r} + json.dumps([r["sum"] for r in ranks]))\n')
+    (tmp_path / 'program').write_text(code)
+    with open(tmp_path / 'program') as program:  # python reads it as <stdin>
+        proc = start([sys.executable], stdin=program, cwd=tmp_path)
+        out, err = finish(proc, 180)
+    assert result_of(out, err, proc) == [3.0, 3.0]
+
+
+def test_a_worker_defined_in_code_read_from_standard_input_is_refused_with_the_fix(
+        framework, tmp_path):
+    from conftest import MODULES
+    code = (f'from d2l import {MODULES[framework]} as d2l\n'
+            f'def worker(rank, world_size):\n    return rank\n'
+            f'd2l.spawn_ranks(worker, 2)\n')
+    done = subprocess.run([sys.executable], input=code, text=True,
+                          capture_output=True, timeout=120, cwd=tmp_path,
+                          env=scenario_env())
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith('ValueError: worker worker is defined in this '
+                           'notebook, interpreter session or code without a '
+                           'file'), done.stderr[-2000:]
+    assert 'save it in a module' in last
+
+
+def refused_calls(d2l, framework):
+    """Calls of helpers that start processes, each with one bad argument, and words of the refusal."""
+    init = d2l.local_init_method() if framework == 'pytorch' else 'env://'
+    calls = [  # spawn_ranks runs train_ddp.check: a warm-up past the run
+        (lambda: d2l.spawn_ranks(d2l.train_ddp, 2, init, 2, 64, 0.1, None,
+                                 None, 5), 'warmup must be below num_epochs'),
+        (lambda: d2l.spawn_ranks(d2l.train_ddp, 2, init, 2, 65, 0.1),
+         'cannot be shared equally by 2 processes'),
+        (lambda: d2l.spawn_ranks(d2l.train_ddp, 2, init, 0, 64, 0.1),
+         'num_epochs must be a positive integer'),
+        (lambda: d2l.time_all_reduce(2, [4096], calls=0), 'calls must be'),
+        (lambda: d2l.time_tensor_parallel(2, 8, 32, 4, num_steps=0),
+         'num_steps must be'),
+        (lambda: d2l.time_ddp(2, 4, 0), 'num_steps must be')]
+    if framework == 'mxnet':  # its pipeline stages are threads
+        return calls + [(lambda: d2l.time_compute('lenet', 4, num_steps=0),
+                         'num_steps must be')]
+    X = d2l.tensor(np.zeros((8, 4), 'float32'))
+    y = d2l.tensor(np.zeros(8, 'int64'))
+    return calls + [
+        (lambda: d2l.time_pipeline([('gpipe', 2)], 2, X, y, 2, 4,
+                                   timeout_s=0),
+         'timeout_s must be a finite positive number'),
+        (lambda: d2l.time_ddp_configs(2, [{'model': 'lenet'}], 4,
+                                      num_steps=0), 'num_steps must be'),
+        (lambda: d2l.time_ddp_configs(2, [{'model': 'lenet'}], 4, warmup=-1),
+         'warmup must be')]
+
+
+def test_bad_arguments_of_helpers_that_start_processes_are_refused_before_any_starts(
+        d2l, framework, monkeypatch):
+    import multiprocessing.process
+
+    def no_start(process):
+        raise AssertionError(f'{process} was started')
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, 'start',
+                        no_start)
+    for call, words in refused_calls(d2l, framework):
+        began = time.perf_counter()
+        with pytest.raises(ValueError, match=words):
+            call()
+        assert time.perf_counter() - began < 1
 
 
 # ---- MXNet's launcher helpers: a scheduler, a server and workers by hand. ----
