@@ -147,7 +147,7 @@ def test_late_rank_makes_the_other_wait_and_a_rank_that_left_makes_it_fail(
 def test_rank_stuck_longer_than_the_timeout_makes_the_other_raise(ddp,
                                                                   framework):
     if framework == 'paddle':
-        pytest.skip("paddle's Gloo group has no timeout setting")
+        pytest.skip("paddle's Gloo group has a fixed timeout, no setting")
     message, seconds = run_scenario(framework, """
         began = time.perf_counter()
         try:

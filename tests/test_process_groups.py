@@ -892,7 +892,7 @@ def test_launcher_paragraph_shows_the_timeouts_and_says_what_is_exposed():
 
 def test_a_launcher_s_timeout_also_bounds_each_exchange(ddp, framework):
     if framework != 'pytorch':
-        pytest.skip("PaddlePaddle's Gloo group has no timeout (the script's "
+        pytest.skip("PaddlePaddle's Gloo group has a fixed timeout (the script's "
                     'help says so)')
     port = ddp.free_port()
     code = textwrap.dedent(f'''
