@@ -387,27 +387,6 @@ def test_two_groups_started_back_to_back_do_not_collide(ddp, framework):
         assert results[0] != results[1]  # two groups, two ports
 
 
-@pytest.mark.slow
-def test_script_trains_unchanged_under_the_framework_launcher(ddp, framework,
-                                                              tmp_path):
-    script = ddp.ddp_script_path()
-    if framework == 'pytorch':
-        args = [sys.executable, '-m', 'torch.distributed.run', '--standalone',
-                '--nproc_per_node=2', script]
-    else:
-        args = [sys.executable, '-m', 'paddle.distributed.launch',
-                '--nproc_per_node', '2', '--log_dir', str(tmp_path), script]
-    proc = start(args + ['--epochs', '1', '--batch-size', '512', '--lr', '0.2'],
-                 cwd=tmp_path)
-    out, err = finish(proc, 420)
-    logs = ''.join(p.read_text() for p in tmp_path.glob('workerlog.*'))
-    assert proc.returncode == 0, (err + logs)[-4000:]
-    text = out + logs
-    assert '2 processes, backend gloo' in text or \
-        '2 processes, backend nccl' in text
-    assert 'test accuracy' in text
-
-
 # ---- Faults: a failing rank, an interrupted parent (issue #11). ----
 
 
