@@ -175,13 +175,13 @@ def _serve(role, env, log_path, parent_pid):
 def check_lenet_args(X, params):
     """Raise ValueError, saying what to pass, unless `X` and `params` fit LeNet."""
     shape = tuple(X.shape) if hasattr(X, 'shape') else type(X).__name__
-    check(shape[1:] == (1, 28, 28), 'X must be a batch of 28 x 28 grayscale '
+    check(shape[1:] == (1, 28, 28), lambda: 'X must be a batch of 28 x 28 grayscale '
              f'images, shape (examples, 1, 28, 28); got {shape}')
     n = len(params) if isinstance(params, (list, tuple)) else None
-    check(n == len(d2l.LENET_SHAPES), f"params must be a list of LeNet's {len(d2l.LENET_SHAPES)}"
+    check(n == len(d2l.LENET_SHAPES), lambda: f"params must be a list of LeNet's {len(d2l.LENET_SHAPES)}"
              f' tensors, as lenet_params() returns; got {n or params!r:.60}')
     for i, (p, shape) in enumerate(zip(params, d2l.LENET_SHAPES)):
-        check(tuple(p.shape) == shape, f'params[{i}] has shape '
+        check(tuple(p.shape) == shape, lambda: f'params[{i}] has shape '
                  f'{tuple(p.shape)} but LeNet needs {shape}; use lenet_params()')
 
 

@@ -35,8 +35,9 @@ import urllib.request
 
 def check(ok, message):
     """Raise ValueError with `message` (what to pass instead) unless `ok`."""
+    # message: a string, or a function that builds it only when it is needed
     if not ok:
-        raise ValueError(message)
+        raise ValueError(message() if callable(message) else message)
 
 
 def _is_int(value):
@@ -71,10 +72,10 @@ def check_number(value, name, positive=False, below=None):
 
 def check_arrays(value, name):
     """Reject `value` unless it is a non-empty list of arrays."""
-    check(isinstance(value, (list, tuple)) and value, f'{name} must be a '
+    check(isinstance(value, (list, tuple)) and value, lambda: f'{name} must be a '
           f'non-empty list of arrays; got {value!r:.60}')
     for i, x in enumerate(value):
-        check(hasattr(x, 'shape'), f'{name}[{i}] is {x!r:.40}, not an array '
+        check(hasattr(x, 'shape'), lambda: f'{name}[{i}] is {x!r:.40}, not an array '
               '(a gradient is None until a backward pass ran)')
 
 
@@ -83,7 +84,7 @@ def check_devices(value, name='devices', allow_none=False):
     if value is None and allow_none:
         return
     check(isinstance(value, (list, tuple)) and len(value) > 0,
-          f'{name} is empty or not a list ({value!r:.60}); pass at least '
+          lambda: f'{name} is empty or not a list ({value!r:.60}); pass at least '
           'one device, e.g. d2l.try_gpus(1)')
 
 
@@ -98,7 +99,7 @@ def check_batches(value, name):
         for batch in value:
             num_examples += len(batch[1])
             yield batch
-        check(num_examples != 0, f'{name} yielded no examples; pass an '
+        check(num_examples != 0, lambda: f'{name} yielded no examples; pass an '
               'iterator with at least one non-empty minibatch')
     return batches()
 
@@ -869,19 +870,19 @@ def _wait_for_ranks(processes, out_dir, silence_s, servers=()):
 
 def _check_seed(seed):
     """Raise ValueError, saying what to pass, unless `seed` is a non-negative integer."""
-    check(is_count(seed), f'seed must be a non-negative integer such as 0; got {seed!r}')
+    check(is_count(seed), lambda: f'seed must be a non-negative integer such as 0; got {seed!r}')
 
 
 def check_scores_and_labels(y_hat, y):
     """Raise ValueError, saying what to pass, unless `y` holds one class per row of `y_hat`."""
-    check(len(y_hat.shape) == 2, 'y_hat must hold one row of class scores per '
+    check(len(y_hat.shape) == 2, lambda: 'y_hat must hold one row of class scores per '
              f'example, shape (examples, classes); got {tuple(y_hat.shape)}')
     n, num_classes = y_hat.shape
-    check(tuple(y.shape) in ((n,), (n, 1)), 'y must hold one label per row of '
+    check(tuple(y.shape) in ((n,), (n, 1)), lambda: 'y must hold one label per row of '
              f'y_hat, shape ({n},); got shape {tuple(y.shape)}')
     # MXNet clips labels out of range, Paddle reads negative ones from the end
     low, high = (int(y.min()), int(y.max())) if n else (0, 0)
-    check(0 <= low and high < num_classes, f'y holds labels from {low} to '
+    check(0 <= low and high < num_classes, lambda: f'y holds labels from {low} to '
              f'{high}, but y_hat scores classes 0 to {num_classes - 1}; pass '
              'labels in that range')
 
@@ -890,26 +891,26 @@ def check_reduce_args(data, devices):
     """Raise ValueError, saying what to pass, unless `data` and `devices` suit an allreduce."""
     check_arrays(data, 'data')
     shapes = [tuple(x.shape) for x in data]
-    check(all(shape == shapes[0] for shape in shapes), f'data holds arrays of '
+    check(all(shape == shapes[0] for shape in shapes), lambda: f'data holds arrays of '
              f'different shapes {shapes}; pass the same-shaped arrays of one '
              'parameter, one per device')
     check(devices is None or (isinstance(devices, (list, tuple)) and len(
-        devices) == len(data)), 'devices must be a list with one device per '
+        devices) == len(data)), lambda: 'devices must be a list with one device per '
         f'array of data ({len(data)}), or None; got {devices!r:.60}')
 
 
 def check_split(X, y, devices):
     """Raise ValueError, saying what to change, if a batch cannot be split over the devices."""
     for name, a in (('X', X), ('y', y)):
-        check(len(getattr(a, 'shape', ())), f'{name} must be an array with '
+        check(len(getattr(a, 'shape', ())), lambda: f'{name} must be an array with '
                  f'one row per example; got {a!r:.60}')
-    check(isinstance(devices, (list, tuple)), 'devices must be a list of '
+    check(isinstance(devices, (list, tuple)), lambda: 'devices must be a list of '
              f'devices such as d2l.try_gpus(2); got {devices!r:.60}')
     n, k = X.shape[0], len(devices)
-    check(n == y.shape[0], f'X holds {n} examples but y holds {y.shape[0]} '
+    check(n == y.shape[0], lambda: f'X holds {n} examples but y holds {y.shape[0]} '
              'labels; pass one label per example')
     check(k >= 1, 'devices is empty; pass at least one device, e.g. d2l.try_gpus(1)')
-    check(n >= k, f'cannot split {n} examples over {k} devices, each needs at '
+    check(n >= k, lambda: f'cannot split {n} examples over {k} devices, each needs at '
              f'least one; use a batch of at least {k} examples or fewer devices')
 
 
@@ -918,16 +919,16 @@ def check_replicas(device_params, devices, allreduce_fn=None):
     if allreduce_fn is not None:
         check_collective(allreduce_fn, 'allreduce_fn', 'd2l.allreduce')
     for name, value in (('device_params', device_params), ('devices', devices)):
-        check(isinstance(value, (list, tuple)), f'{name} must be a list, one '
+        check(isinstance(value, (list, tuple)), lambda: f'{name} must be a list, one '
                  f'entry per device; got {value!r:.60}')
-    check(len(device_params) == len(devices), f'device_params holds '
+    check(len(device_params) == len(devices), lambda: f'device_params holds '
              f'{len(device_params)} replicas but devices names {len(devices)} '
              'devices; build one replica per device with get_params')
 
 
 def check_collective(value, name, example):
     """Reject a collective that is not a function (a name, say), saying so."""
-    check(callable(value), f'{name} must be a function such as {example}, '
+    check(callable(value), lambda: f'{name} must be a function such as {example}, '
           f'got {value!r:.60}')
 
 
@@ -935,13 +936,13 @@ def check_resnet_args(num_classes, in_channels):
     """Reject a class or channel count that is not a positive integer, saying which."""
     for name, value in (('num_classes', num_classes), ('in_channels', in_channels)):
         check(is_count(value, 1),
-                     f'{name} must be a positive integer, got {value!r}')
+                     lambda: f'{name} must be a positive integer, got {value!r}')
 
 
 def check_step(X, y, devices):
     """Reject a minibatch or device list that a training step cannot use."""
     check_devices(devices)
-    check(X.shape[0] == y.shape[0], f'X holds {X.shape[0]} examples but '
+    check(X.shape[0] == y.shape[0], lambda: f'X holds {X.shape[0]} examples but '
                  f'y holds {y.shape[0]} labels; pass one label per example')
     check(X.shape[0] > 0, 'X is an empty minibatch; pass at least one example')
 
@@ -956,7 +957,7 @@ def _check_model(net, kind, kind_name):
 def check_warmup(warmup, num_epochs):
     """Reject a warm-up that is not a count shorter than the run, saying so."""
     check_count(warmup, 'warmup')
-    check(warmup < num_epochs, f'warmup must be below num_epochs, '
+    check(warmup < num_epochs, lambda: f'warmup must be below num_epochs, '
                  f'got warmup={warmup!r}, num_epochs={num_epochs!r}')
 
 
@@ -985,7 +986,7 @@ def check_train_ddp(world_size, init_method, num_epochs, batch_size, lr,
 def check_epoch(epoch, num_epochs):
     """Reject an epoch outside [0, num_epochs), or a bad num_epochs, saying so."""
     check(is_count(num_epochs, 1) and is_count(epoch)
-                 and epoch < num_epochs, f'epoch must be an integer in '
+                 and epoch < num_epochs, lambda: f'epoch must be an integer in '
                  f'[0, num_epochs) and num_epochs a positive integer, got '
                  f'epoch={epoch!r}, num_epochs={num_epochs!r}')
 
@@ -1160,14 +1161,14 @@ def check_steps(schedule, num_stages, num_microbatches):
     check_count(num_microbatches, 'num_microbatches', 1)
     check(isinstance(schedule, (list, tuple)) and all(
         isinstance(t, (list, tuple)) and len(t) == 3 for t in schedule),
-        "schedule must be a list of (stage, 'F' or 'B', micro-batch) steps, "
+        lambda: "schedule must be a list of (stage, 'F' or 'B', micro-batch) steps, "
         f'as pipeline_schedule returns; got {schedule!r:.60}')
 
 
 def check_stages(stages, timeout_s):
     """The checks of run_pipeline: a list of stages, each a list of layers."""
     check(isinstance(stages, (list, tuple)) and stages and all(
-        isinstance(s, (list, tuple)) and s for s in stages), 'stages must be '
+        isinstance(s, (list, tuple)) and s for s in stages), lambda: 'stages must be '
         'a non-empty list of stages, each a non-empty list of layers, as '
         f'split_stages returns; got {stages!r:.60}')
     check_number(timeout_s, 'timeout_s')
@@ -1177,7 +1178,7 @@ def check_runs(runs):
     """The runs of time_pipeline: (schedule, num_microbatches) pairs."""
     check(isinstance(runs, (list, tuple)) and runs and all(
         isinstance(r, (list, tuple)) and len(r) == 2 for r in runs),
-        'runs must list (schedule, num_microbatches) pairs; got '
+        lambda: 'runs must list (schedule, num_microbatches) pairs; got '
         f'{runs!r:.60}')
 
 
@@ -1185,15 +1186,15 @@ def check_microbatches(X, y, num_microbatches):
     """Reject a minibatch that cannot be cut into `num_microbatches`."""
     check_count(num_microbatches, 'num_microbatches', 1)
     for name, a in (('X', X), ('y', y)):
-        check(len(getattr(a, 'shape', ())), f'{name} must be an array with '
+        check(len(getattr(a, 'shape', ())), lambda: f'{name} must be an array with '
               f'one row per example; got {a!r:.60}')
-    check(X.shape[0] == y.shape[0], f'X holds {X.shape[0]} examples but y '
+    check(X.shape[0] == y.shape[0], lambda: f'X holds {X.shape[0]} examples but y '
           f'holds {y.shape[0]} labels; pass one label per example')
     if num_microbatches > X.shape[0]:
         raise ValueError(f'num_microbatches={num_microbatches} exceeds the '
                          f'{X.shape[0]} examples of the minibatch')
     dtype = str(X.dtype).split('.')[-1]  # torch.float32, float32, ...
-    check(dtype == 'float32', f'X holds {dtype} numbers, but the stages '
+    check(dtype == 'float32', lambda: f'X holds {dtype} numbers, but the stages '
           'compute in float32; convert it first, e.g. X.astype(\'float32\')')
 
 
@@ -1203,11 +1204,11 @@ def check_run_times(times):
           "times must hold a run's steps, as run_pipeline's")
     for t in times:
         check(isinstance(t, (list, tuple)) and len(t) == 5 and all(
-            isinstance(x, (int, float)) for x in t[3:]), "times must hold "
+            isinstance(x, (int, float)) for x in t[3:]), lambda: "times must hold "
             "a run's steps, (stage, op, micro-batch, start, end) each; got "
             f'{t!r:.60}')
     check(max(t[4] for t in times) > min(t[3] for t in times),
-          f'times span no time (every step starts and ends at '
+          lambda: f'times span no time (every step starts and ends at '
           f'{times[0][3]}); pass the times of a run that took some')
 
 
@@ -1229,10 +1230,10 @@ def _check_row_input(got, expected, k):
 def check_shards(results, key):
     """Reject results that gather_shards cannot join under `key`."""
     check(isinstance(results, (list, tuple)) and results and all(
-        isinstance(r, dict) for r in results), 'results must be a non-empty '
+        isinstance(r, dict) for r in results), lambda: 'results must be a non-empty '
         f"list of the ranks' results, as spawn_ranks returns; got "
         f'{results!r:.60}')
-    check(key in results[0] and 'axes' in results[0], f'key {key!r} is not '
+    check(key in results[0] and 'axes' in results[0], lambda: f'key {key!r} is not '
           f"among the results' keys {sorted(results[0])}; pass one of them "
           "(and results that hold 'axes')")
 
@@ -1240,7 +1241,7 @@ def check_shards(results, key):
 def check_flat_shards(shards):
     """Reject shards that all_gather cannot join: not 1-D tensors."""
     check(isinstance(shards, (list, tuple)) and shards and all(
-        len(getattr(s, 'shape', (0, 0))) == 1 for s in shards), 'shards '
+        len(getattr(s, 'shape', (0, 0))) == 1 for s in shards), lambda: 'shards '
         'must be a non-empty list of 1-D tensors, one per device (flatten '
         f'them first); got {shards!r:.60}')
 
@@ -1250,7 +1251,7 @@ def check_summary(summary):
     keys = ('rank', 'world_size', 'device', 'backend', 'data', 'train_loss',
             'test_acc', 'epoch_s')
     check(isinstance(summary, dict) and all(k in summary for k in keys),
-          f'summary must be the dictionary that train_ddp returns, with keys '
+          lambda: f'summary must be the dictionary that train_ddp returns, with keys '
           f'{", ".join(keys)}; got {summary!r:.60}')
     check(summary['epoch_s'], 'summary holds no epoch: pass what train_ddp '
           'returned for num_epochs of at least 1')
@@ -1260,12 +1261,12 @@ def check_mesh_args(world_size, d, hidden, batch_size, dp=2, tp=2):
     """Reject sizes that a dp x tp mesh cannot share, before any group forms."""
     check_mlp_sizes(d, hidden, 0)
     check_count(batch_size, 'batch_size', 1)
-    check(world_size == dp * tp, f'the {dp} x {tp} mesh needs world_size='
+    check(world_size == dp * tp, lambda: f'the {dp} x {tp} mesh needs world_size='
           f'{dp * tp}, got world_size={world_size!r}')
-    check(batch_size % dp == 0, f'batch_size={batch_size} cannot be halved '
+    check(batch_size % dp == 0, lambda: f'batch_size={batch_size} cannot be halved '
           f'equally between the {dp} data-parallel replicas (each averages '
           f'its own examples); pass a multiple of {dp}')
-    check(hidden >= tp, f'hidden={hidden} leaves a rank of the {tp} '
+    check(hidden >= tp, lambda: f'hidden={hidden} leaves a rank of the {tp} '
           f'tensor-parallel ranks without hidden units; pass at least {tp}')
 
 
@@ -1300,7 +1301,7 @@ def check_timings(num_bytes, seconds, k):
     """Reject timings that fit_alpha_beta cannot fit a line to, saying why."""
     check_count(k, 'k', 2, ' (one process sends nothing)')
     check(isinstance(num_bytes, (list, tuple)) and isinstance(
-        seconds, (list, tuple)), 'num_bytes and seconds must be lists of '
+        seconds, (list, tuple)), lambda: 'num_bytes and seconds must be lists of '
         f'numbers, got {type(num_bytes).__name__} and '
         f'{type(seconds).__name__}')
     if len(num_bytes) != len(seconds) or len(set(num_bytes)) < 2:
@@ -1378,12 +1379,12 @@ def check_buckets(num_bytes, bucket_cap_mb, first_bucket_mb):
     least = 4 / 2 ** 20  # one float32
     for name, mb in (('bucket_cap_mb', bucket_cap_mb),
                      ('first_bucket_mb', first_bucket_mb)):
-        check(mb >= least, f'{name}={mb!r} is under one 4-byte number; '
+        check(mb >= least, lambda: f'{name}={mb!r} is under one 4-byte number; '
               f'pass at least {least:.3g} (DDP fills a bucket with whole '
               'parameters)')
     rest = max(0, num_bytes - first_bucket_mb * 2 ** 20)
     count = math.ceil(rest / (bucket_cap_mb * 2 ** 20))  # closed form
-    check(count < MAX_BUCKETS, f'bucket_cap_mb={bucket_cap_mb!r} would cut '
+    check(count < MAX_BUCKETS, lambda: f'bucket_cap_mb={bucket_cap_mb!r} would cut '
           f'{num_bytes:g} bytes into {count} buckets, more than the '
           f'{MAX_BUCKETS} that any real run has; pass at least '
           f'{num_bytes / MAX_BUCKETS / 2 ** 20:.3g}')
