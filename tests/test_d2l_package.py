@@ -1,7 +1,7 @@
-"""The claims of the appendix pages chapter_appendix/d2l-package.md and data.md,
-per framework: argument checks that name the culprit, CPU threads, and the data
-machinery (search order, hashes, atomic downloads, the download lock, IDX
-parsing)."""
+"""The claims of the appendix page chapter_appendix/machinery.md: argument
+checks that name the culprit and CPU threads, per framework, and the data
+machinery of d2l/runtime.py, once (search order, hashes, atomic downloads, the
+download lock, IDX parsing)."""
 import gzip
 import hashlib
 import http.server
