@@ -1030,7 +1030,7 @@ def train_ddp(rank, world_size, init_method, num_epochs, batch_size, lr,
         return _ddp_epochs(net, model, _sgd(net, lr), loader, device, rank,
                            world_size, num_epochs, lr, warmup)
 
-train_ddp.check = check_train_ddp  # spawn_ranks runs it before it starts
+train_ddp.check = d2l.check_train_ddp  # spawn_ranks runs it first
 
 def describe_ddp_run(summary):
     """A few lines about a distributed training run, from a rank's summary.
