@@ -48,7 +48,7 @@ test: setup  ## Unit tests; every notebook in quick mode under nbval; NumPy 2; t
 	scripts/test.sh
 
 test-unit: setup  ## The pytest suite under tests/ (except the browser and PDF checks)
-	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --durations=25 -m "not browser and not pdf" tests
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist worksteal --durations=25 -m "not browser and not pdf" tests
 
 test-browser: setup  ## Open every page of the built HTML in headless Chromium (BOOK_HTML_DIR)
 	WITH_BROWSER=1 scripts/setup.sh

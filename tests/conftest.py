@@ -212,3 +212,16 @@ def exposed(listeners):
     import ipaddress
     return [entry for entry in listeners
             if not on_loopback(ipaddress.ip_address(str(entry[0])))]
+
+
+# Modules whose tests start processes: after the tests marked slow, before
+# the rest, so that the workers of `pytest -n` finish at about the same time.
+STARTS_PROCESSES = {'test_process_groups.py', 'test_parameter_server.py',
+                    'test_distributed_data_parallel.py', 'test_gpu_run.py',
+                    'test_stored_outputs.py'}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Run the long tests first: slow ones, then those that start processes."""
+    items.sort(key=lambda item: (item.get_closest_marker('slow') is None,
+                                 item.path.name not in STARTS_PROCESSES))
