@@ -36,8 +36,10 @@ def random_batch(framework, n, seed=0):
 
 def one_device(framework, layers, X, y):
     """Mean loss and flat gradient of the unsplit model, in the framework's own words."""
-    if framework == 'pytorch':
-        import torch.nn.functional as F
+    if framework in ('pytorch', 'paddle'):
+        import importlib
+        F = importlib.import_module('torch.nn.functional' if framework ==
+                                    'pytorch' else 'paddle.nn.functional')
         h = X
         for layer in layers:
             h = layer(h)
@@ -45,17 +47,7 @@ def one_device(framework, layers, X, y):
         loss.backward()
         grads = [p.grad.numpy() for l in layers for p in l.parameters()]
         for l in layers:
-            l.zero_grad()
-    elif framework == 'paddle':
-        import paddle.nn.functional as F
-        h = X
-        for layer in layers:
-            h = layer(h)
-        loss = F.cross_entropy(h, y)
-        loss.backward()
-        grads = [p.grad.numpy() for l in layers for p in l.parameters()]
-        for l in layers:
-            l.clear_gradients()
+            l.zero_grad() if framework == 'pytorch' else l.clear_gradients()
     else:
         from mxnet import autograd, gluon
         with autograd.record():

@@ -273,23 +273,6 @@ def test_worker_defined_in_a_notebook_is_rejected_with_the_fix(ddp,
         ddp.spawn_ranks(worker, 2)
 
 
-def test_a_script_that_starts_ranks_without_the_main_guard_is_told_the_fix(
-        framework, tmp_path):
-    from conftest import MODULES
-    script = tmp_path / 'unguarded.py'
-    script.write_text(f'from d2l import {MODULES[framework]} as d2l\n'
-                      f'd2l.spawn_ranks(d2l.try_gpu, 2)\n')
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    done = subprocess.run([sys.executable, str(script)], env=env, text=True,
-                          capture_output=True, timeout=120)
-    assert done.returncode == 1
-    last = done.stderr.strip().splitlines()[-1]
-    assert last == (f'RuntimeError: {script} starts processes at its top '
-                    f'level, and every new process imports that script '
-                    f"again: put the code that starts them under "
-                    f"`if __name__ == '__main__':`")
-
-
 def test_both_flavours_share_one_api():
     import inspect
     from d2l import paddle as d2l_paddle
