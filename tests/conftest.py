@@ -225,3 +225,9 @@ def pytest_collection_modifyitems(config, items):
     """Run the long tests first: slow ones, then those that start processes."""
     items.sort(key=lambda item: (item.get_closest_marker('slow') is None,
                                  item.path.name not in STARTS_PROCESSES))
+
+
+@pytest.fixture
+def machinery_framework():
+    """The one framework through which a test reaches d2l.runtime's machinery, which is written once and so tested once."""
+    return FRAMEWORKS[0]

@@ -631,8 +631,9 @@ def alive(pid):
 @pytest.mark.parametrize('signum', [signal.SIGINT, signal.SIGTERM],
                          ids=['SIGINT', 'SIGTERM'])
 def test_interrupting_the_parent_stops_every_rank_and_removes_the_folder(
-        ddp, framework, tmp_path, signum):
-    module = {'pytorch': 'torch', 'paddle': 'paddle', 'mxnet': 'mxnet'}[framework]
+        machinery_framework, tmp_path, signum):
+    module = {'pytorch': 'torch', 'paddle': 'paddle',
+              'mxnet': 'mxnet'}[machinery_framework]
     markers = tmp_path / 'markers'
     markers.mkdir()
     # spawn_ranks's temporary folder goes here; a short path, as the fork
@@ -987,8 +988,9 @@ def test_spawn_ranks_gives_its_groups_a_timeout_a_reader_can_wait_for(
 
 @pytest.mark.parametrize('how', ['at top level', 'in a function'])
 def test_a_script_whose_top_level_starts_ranks_unguarded_gets_the_one_line_fix(
-        framework, tmp_path, how):
+        machinery_framework, tmp_path, how):
     from conftest import MODULES
+    framework = machinery_framework
     script = tmp_path / 'unguarded.py'
     call = 'd2l.spawn_ranks(d2l.try_gpu, 2)'
     body = (f'{call}\n' if how == 'at top level' else
@@ -1048,8 +1050,9 @@ def test_code_read_from_standard_input_starts_ranks_of_a_saved_worker(
 
 
 def test_a_worker_defined_in_code_read_from_standard_input_is_refused_with_the_fix(
-        framework, tmp_path):
+        machinery_framework, tmp_path):
     from conftest import MODULES
+    framework = machinery_framework
     code = (f'from d2l import {MODULES[framework]} as d2l\n'
             f'def worker(rank, world_size):\n    return rank\n'
             f'd2l.spawn_ranks(worker, 2)\n')
