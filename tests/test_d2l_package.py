@@ -258,7 +258,7 @@ def test_downloads_go_to_the_user_cache_without_d2l_data_dir(
 # ---------------------------------------------------------------- one data folder, one download
 
 def test_the_data_folder_does_not_depend_on_the_working_directory(
-        framework, tmp_path):
+        machinery_framework, tmp_path):
     """From any folder the loader finds the files and writes nothing there."""
     workdir, cache = tmp_path / 'elsewhere', tmp_path / 'cache'
     workdir.mkdir()
@@ -278,7 +278,8 @@ def test_the_data_folder_does_not_depend_on_the_working_directory(
                D2L_QUICK='1',
                D2L_FASHION_MNIST_MIRROR=f'http://127.0.0.1:{closed_port}/')
     env.pop('D2L_DATA_DIR', None)
-    code = (f'from d2l import {MODULES[framework]} as d2l, runtime; '
+    code = (f'from d2l import {MODULES[machinery_framework]} as d2l, '
+            'runtime; '
             f'runtime.FASHION_MNIST_SYSTEM_DIR = {str(tmp_path / "none")!r}; '
             'd2l.load_data_fashion_mnist(64)')
     out = subprocess.run([sys.executable, '-c', code], cwd=workdir, env=env,
