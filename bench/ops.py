@@ -12,15 +12,22 @@ from bench.harness import MODULES
 class Ops:
     """Operations shared by all frameworks; subclasses fill in the rest."""
     name = None
+    package = None  # the framework's package, imported as self.fw
 
     def __init__(self):
         self.d2l = importlib.import_module(f'd2l.{MODULES[self.name]}')
+        self.fw = importlib.import_module(self.package)
 
     def devices(self, k):
         """The devices the book's sections use for k copies of a model
         (`d2l.try_gpus`): GPUs where they exist, else the CPU k times
         (MXNet: cpu(0)..cpu(k-1))."""
         return list(self.d2l.try_gpus(k))
+
+    def threads(self):
+        """The framework's CPU thread setting, for the report."""
+        import os
+        return os.environ.get('OMP_NUM_THREADS', 'default')
 
     def first_batch(self, batch_size):
         """The first `batch_size` images and labels of Fashion-MNIST's real
@@ -44,45 +51,37 @@ class Ops:
 
 class TorchOps(Ops):
     name = 'pytorch'
-
-    def __init__(self):
-        super().__init__()
-        import torch
-        self.torch = torch
+    package = 'torch'
 
     def sync(self):
-        if self.torch.cuda.is_available():
-            for i in range(self.torch.cuda.device_count()):
-                self.torch.cuda.synchronize(i)
+        if self.fw.cuda.is_available():
+            for i in range(self.fw.cuda.device_count()):
+                self.fw.cuda.synchronize(i)
 
     def filled(self, n, device, value=0.0):
-        return self.torch.full((n,), float(value), device=device)
+        return self.fw.full((n,), float(value), device=device)
 
     def to_numpy(self, x):
         return x.detach().cpu().numpy()
 
     def from_numpy(self, a):
-        return self.torch.from_numpy(a.copy())
+        return self.fw.from_numpy(a.copy())
 
     def threads(self):
-        return self.torch.get_num_threads()
+        return self.fw.get_num_threads()
 
 
 class MXNetOps(Ops):
     name = 'mxnet'
-
-    def __init__(self):
-        super().__init__()
-        import mxnet as mx
-        self.mx = mx
+    package = 'mxnet'
 
     def sync(self):
         # MXNet runs asynchronously even on the CPU: without this the clock
         # would stop when work is queued, not when it is done.
-        self.mx.npx.waitall()
+        self.fw.npx.waitall()
 
     def filled(self, n, device, value=0.0):
-        return self.mx.np.full((n,), float(value), ctx=device)
+        return self.fw.np.full((n,), float(value), ctx=device)
 
     def to_numpy(self, x):
         return x.asnumpy()
@@ -91,38 +90,26 @@ class MXNetOps(Ops):
         # As the loader gives them: mx.np arrays, labels as int32.
         if a.dtype.kind == 'i':
             a = a.astype('int32')
-        return self.mx.np.array(a, dtype=a.dtype)
-
-    def threads(self):
-        import os
-        return os.environ.get('OMP_NUM_THREADS', 'default')
+        return self.fw.np.array(a, dtype=a.dtype)
 
 
 class PaddleOps(Ops):
     name = 'paddle'
-
-    def __init__(self):
-        super().__init__()
-        import paddle
-        self.paddle = paddle
+    package = 'paddle'
 
     def sync(self):
-        if self.paddle.device.cuda.device_count() > 0:
-            self.paddle.device.cuda.synchronize()
+        if self.fw.device.cuda.device_count() > 0:
+            self.fw.device.cuda.synchronize()
 
     def filled(self, n, device, value=0.0):
-        x = self.paddle.full([n], float(value), dtype='float32')
+        x = self.fw.full([n], float(value), dtype='float32')
         return x.to(device) if device is not None else x
 
     def to_numpy(self, x):
         return x.numpy()
 
     def from_numpy(self, a):
-        return self.paddle.to_tensor(a, place=self.paddle.CPUPlace())
-
-    def threads(self):
-        import os
-        return os.environ.get('OMP_NUM_THREADS', 'default')
+        return self.fw.to_tensor(a, place=self.fw.CPUPlace())
 
 
 OPS = {'pytorch': TorchOps, 'mxnet': MXNetOps, 'paddle': PaddleOps}

@@ -31,25 +31,6 @@ def _device_name(device):
     return str(device), device.device_type == 'gpu'
 
 
-def _device_names(devices, num_asked):
-    """(name, is_gpu) for each of `devices`, or an error saying what fails."""
-    if isinstance(devices, (str, bytes)) or not hasattr(devices, '__len__') \
-            or len(devices) == 0:
-        raise ValueError('devices must be a non-empty list of devices, such '
-                         f'as d2l.try_gpus(2), got {devices!r}')
-    if num_asked is not None:
-        check_num_devices(num_asked, 'num_asked')
-    named = []
-    for i, device in enumerate(devices):
-        try:
-            named.append(_device_name(device))
-        except (AttributeError, TypeError, ValueError, RuntimeError):
-            raise TypeError(f'devices[{i}] is not a device of this framework '
-                            f'({device!r}); build the list with '
-                            f'd2l.try_gpus(k)') from None
-    return named
-
-
 def _one_thread():
     """Nothing to do: MXNet fixed its thread count when it was imported."""
 
@@ -172,50 +153,9 @@ def _serve(role, env, log_path, parent_pid):
     os.execv(sys.executable, [sys.executable, '-c', 'import mxnet'])
 
 
-def check_lenet_args(X, params):
-    """Raise ValueError, saying what to pass, unless `X` and `params` fit LeNet."""
-    shape = tuple(X.shape) if hasattr(X, 'shape') else type(X).__name__
-    check(shape[1:] == (1, 28, 28), lambda: 'X must be a batch of 28 x 28 grayscale '
-             f'images, shape (examples, 1, 28, 28); got {shape}')
-    n = len(params) if isinstance(params, (list, tuple)) else None
-    check(n == len(d2l.LENET_SHAPES), lambda: f"params must be a list of LeNet's {len(d2l.LENET_SHAPES)}"
-             f' tensors, as lenet_params() returns; got {n or params!r:.60}')
-    for i, (p, shape) in enumerate(zip(params, d2l.LENET_SHAPES)):
-        check(tuple(p.shape) == shape, lambda: f'params[{i}] has shape '
-                 f'{tuple(p.shape)} but LeNet needs {shape}; use lenet_params()')
-
-
 def check_model_kind(net):
     """Reject `net` unless it is a gluon.Block."""
     d2l._check_model(net, gluon.Block, 'gluon.Block')
-
-
-def check_zero_init(params, devices, stage):
-    """Reject a ZeRO stage, or an empty parameter or device list."""
-    d2l.check_stage(stage)
-    d2l._check_zero_args(params, devices)
-
-
-def check_zero_step(states, devices, stage, lr, momentum):
-    """Reject a rate or momentum, a ZeRO stage, or states that do not fit
-    the stage and the devices."""
-    check_number(lr, 'lr')
-    check_number(momentum, 'momentum', below=1)
-    d2l.check_stage(stage)
-    d2l._check_zero_states(states, devices, stage)
-
-
-def _run_rank(rank, worker, world_size, args, out_dir, parent_pid, env):
-    """Body of a worker of spawn_ranks: run the worker, store what it gives."""
-    _start_rank(rank, out_dir, parent_pid, env)
-    try:
-        result = worker(rank, world_size, *args)
-    except BaseException:
-        _record_rank_failure(rank)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(1)  # while the worker's store is alive: see the text
-    _finish_rank(rank, out_dir, result)
 
 
 def _stand_down(watchdog, done):
@@ -246,9 +186,7 @@ def _job_store():
 def _leave_failed_worker(kind, value, trace):
     """Print an uncaught error and end the worker without freeing its store, which would wait for every other worker."""
     sys.__excepthook__(kind, value, trace)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(1)
+    _leave_failed_rank()
 
 
 @contextlib.contextmanager
@@ -293,39 +231,10 @@ if not getattr(gluon.Trainer._init_params, 'waits', False):
         gluon.Trainer._init_params)
 
 
-def check_pipeline_runs(runs, num_stages, X, y, depth, width):
-    """Refuse bad runs or sizes for time_pipeline before anything starts."""
-    check_count(depth, 'depth', 1)
-    check_count(width, 'width', 1)
-    d2l.split_stages(range(depth), num_stages)  # enough blocks for the stages
-    check_runs(runs)
-    for schedule, m in runs:
-        d2l.check_schedule(schedule, num_stages, m)
-        d2l.split_microbatches(X, y, m)  # enough examples
-
-
 def _live_grads(stages):
     """The gradients of the stages' parameters, left in place (None: none)."""
     return [p.grad() for layers in stages for layer in layers
             for p in layer.collect_params().values()]
-
-
-def _stage_shapes(stages, x):
-    """The shape of each stage's output for the input x."""
-    shapes = []
-    with d2l._no_grad():
-        for layers in stages:
-            for layer in layers:
-                x = layer(x)
-            shapes.append(tuple(x.shape))
-    return shapes
-
-
-def _tp_slice(n, allreduce):
-    """The slice of `n` features that this rank keeps."""
-    sizes = d2l.shard_sizes(n, allreduce.size)
-    lo = sum(sizes[:allreduce.rank])
-    return slice(lo, lo + sizes[allreduce.rank])
 
 
 _to_numpy = lambda x: x.asnumpy()
@@ -362,56 +271,6 @@ def _group(rank, world_size, init_method):
     return contextlib.nullcontext()
 
 
-def _check_arrangement(allreduce, kind, shape, checksum):
-    """Raise on every rank unless all build one layer from one model."""
-    table = numpy.zeros((allreduce.size, 4), 'float32')
-    table[allreduce.rank] = [kind, *shape, checksum]
-    mine = _from_numpy(table)
-    found = _to_numpy(allreduce(mine, 'check'))
-    names = {1: 'ColumnParallelLinear', 2: 'RowParallelLinear'}
-    def describe(row):
-        return f'{names[int(row[0])]}({int(row[1])}, {int(row[2])})'
-
-    for rank, row in enumerate(found):
-        if not numpy.array_equal(row[:3], found[0][:3]):
-            raise ValueError(
-                f'rank {rank} builds {describe(row)} where rank 0 builds '
-                f'{describe(found[0])}: every rank must build the same '
-                f'layers in the same order')
-        if not numpy.isclose(row[3], found[0][3], rtol=1e-5):
-            raise ValueError(
-                f'rank {rank} builds {describe(row)} from other weights than '
-                f'rank 0 (weight sums {row[3]:.4f} and {found[0][3]:.4f}): '
-                f'build every rank\'s layers from the same model')
-
-
-def _tp_wrong_worker(rank, world_size, init_method, d, hidden):
-    """Worker: three wrong arrangements of the MLP block; the errors raised."""
-    with _group(rank, world_size, init_method):
-        allreduce, mlp, errors = d2l.CountingAllreduce(), d2l.block_mlp(d, hidden), []
-        X, _ = d2l.mlp_data(4, d)
-        mistakes = [
-            lambda: d2l.ColumnParallelLinear(mlp[0], allreduce) if rank == 0
-            else d2l.RowParallelLinear(mlp[2], allreduce),
-            lambda: d2l.RowParallelLinear(mlp[2], allreduce)(mlp[1](mlp[0](X))),
-            lambda: d2l.tp_mlp(d2l.block_mlp(d, hidden, seed=rank), allreduce)]
-        for mistake in mistakes:
-            try:
-                mistake()
-            except ValueError as error:
-                errors.append(str(error))
-        return errors
-
-
-def time_all_reduce(world_size, sizes, reps=3, calls=5):
-    """Median seconds per push and pull of each byte size in `sizes`."""
-    sizes = _check_sizes(sizes, reps)
-    check_count(calls, 'calls', 1)
-    _check_world_of_two(world_size)
-    return _slowest_medians(d2l.spawn_ranks(
-        _all_reduce_worker, world_size, 'env://', sizes, reps, calls))
-
-
 def _all_reduce_worker(rank, world_size, init_method, sizes, reps, calls):
     """One worker of time_all_reduce: its seconds per call of each size."""
     with d2l.process_group(rank, world_size, init_method) as device:
@@ -437,20 +296,16 @@ def _all_reduce_rounds(bufs, reps, calls, sync):
     return [[s / calls for s in row] for row in seconds]
 
 
-def cost_model_net(model):
-    """LeNet ('lenet') or the book's ResNet-18 ('resnet18'), uninitialised."""
-    if model == 'lenet':
-        net = nn.Sequential()
-        net.add(nn.Conv2D(6, 5, padding=2, in_channels=1, activation='relu'),
-                nn.MaxPool2D(2),
-                nn.Conv2D(16, 5, in_channels=6, activation='relu'),
-                nn.MaxPool2D(2), nn.Flatten(),
-                nn.Dense(120, 'relu', in_units=400),
-                nn.Dense(84, 'relu', in_units=120), nn.Dense(10, in_units=84))
-        return net
-    if model == 'resnet18':
-        return d2l.resnet18(10)
-    raise ValueError(f"model must be 'lenet' or 'resnet18', got {model!r}")
+def _lenet_net():
+    """The cost model's LeNet, uninitialised."""
+    net = nn.Sequential()
+    net.add(nn.Conv2D(6, 5, padding=2, in_channels=1, activation='relu'),
+            nn.MaxPool2D(2),
+            nn.Conv2D(16, 5, in_channels=6, activation='relu'),
+            nn.MaxPool2D(2), nn.Flatten(),
+            nn.Dense(120, 'relu', in_units=400),
+            nn.Dense(84, 'relu', in_units=120), nn.Dense(10, in_units=84))
+    return net
 
 
 def gradient_bytes(net):
@@ -501,41 +356,12 @@ _tp_barrier = lambda: _dist_store()._barrier()  # the store's barrier
 _rendezvous = lambda: None  # the store finds its scheduler by itself
 
 
-def _tp_timing_worker(rank, world_size, init_method, d, hidden, batch_size,
-                      num_steps, reps):
-    """Worker: seconds per pass of the whole MLP block and of its part."""
-    with _group(rank, world_size, init_method):
-        whole = d2l.block_mlp(d, hidden)
-        part = d2l.tp_mlp(d2l.block_mlp(d, hidden), d2l.CountingAllreduce())
-        X, Y = d2l.mlp_data(batch_size, d)
-        jobs = [lambda net=net: [d2l.mlp_pass(net, X, Y)
-                                 for _ in range(num_steps)]
-                for net in (whole, part)]
-        for job in jobs:  # untimed: the first pass sets up buffers
-            job()
-        seconds = _alternating_rounds(jobs, reps, _tp_barrier)
-        return [[s / num_steps for s in row] for row in seconds]
-
-
 def ddp_script_path(framework=None):
     """Path of the book's launcher script for 'torch', 'mxnet', 'paddle'."""
     return _script_path('mxnet' if framework is None else framework)
 
 
-__all__ = [
-    '_device_name', '_device_names', '_one_thread', '_batchify_resized',
-    '_worker_context', '_free_ports', '_start_servers',
-    'launch_local_job', '_end_with_launcher', '_serve',
-    'check_lenet_args', 'check_model_kind', 'check_zero_init',
-    'check_zero_step', '_run_rank', '_stand_down', '_rendezvous_address',
-    '_JOB', '_job_store', '_leave_failed_worker', '_join_deadline',
-    '_waiting_init_params', 'check_pipeline_runs', '_live_grads', '_stage_shapes',
-    '_tp_slice', '_to_numpy', '_parameter', '_from_numpy', '_stores',
-    '_dist_store', '_group', '_check_arrangement', '_tp_wrong_worker',
-    'time_all_reduce', '_all_reduce_worker', '_all_reduce_rounds',
-    'cost_model_net', 'gradient_bytes', 'time_compute', '_compute_worker',
-    '_tp_barrier', '_rendezvous', '_tp_timing_worker', 'ddp_script_path',
-]
-
 # Last: the generated module imports this one at its top.
 from d2l import mxnet as d2l  # noqa: E402
+_adopt(globals(), _shared_helpers(d2l))
+__all__ = _exports(globals())

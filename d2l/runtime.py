@@ -27,6 +27,7 @@ import tempfile
 import threading
 import time
 import traceback
+import types
 import urllib.error
 import urllib.request
 
@@ -1497,40 +1498,384 @@ def _use_threads(threads, set_threads):
         set_threads(threads)
 
 
-__all__ = [
-    'check', '_is_int', 'is_count', 'check_count', 'check_number',
-    'check_arrays', 'check_devices', 'check_batches', '_finite_total',
-    'check_finite', 'check_collective', 'check_lr', 'check_steps',
-    'check_microbatches', 'check_run_times', 'check_shards',
-    'check_mesh_args', 'MAX_BUCKETS', 'check_timing', 'check_stages',
-    'check_runs', 'check_flat_shards', 'check_summary',
-    'check_gpu_index', 'check_num_devices', '_labels_and_predictions',
-    '_minibatches', '_fraction_correct', '_check_sgd', '_points',
-    '_check_loader_args', 'use_svg_display', 'in_notebook', 'add_to_class',
-    '_pin_threads', '_usable_cores', 'FASHION_MNIST_SHA256',
-    'FASHION_MNIST_MIRROR', 'FASHION_MNIST_SYSTEM_DIR', 'DatasetError',
-    'fashion_mnist_dirs', '_SAID', '_say_once', '_unpack_and_check',
-    '_find_idx_file', 'DOWNLOAD_WAIT_S', '_lock_or_wait', '_FileLock',
-    '_check_download_dir', '_write_atomically', '_download_fashion_mnist',
-    'read_idx_file', 'balanced_subset', 'subset_per_class',
-    '_FASHION_MNIST_CACHE', 'describe_mode', '_PROCESS', 'GROUP_TIMEOUT_S',
-    '_record_rank_failure', '_collect_results', '_main_file', '_check_worker',
-    '_guarded_lines', '_check_main_guard', '_no_main_rerun', '_quiet_logger', '_fork_server', '_take_environment',
-    '_die_with_parent', '_start_rank', '_finish_rank', '_rank_errors',
-    '_TIMED_OUT', '_rank_failure', '_stop_processes', '_join_ranks',
-    '_heartbeat', 'FAILED_GRACE_S', '_wait_for_ranks',
-    '_check_seed', 'check_scores_and_labels', 'check_reduce_args',
-    'check_split', 'check_replicas', 'check_resnet_args', 'check_step',
-    '_check_model', 'check_warmup', 'check_global_batch', 'check_train_ddp',
-    'check_epoch', 'check_rank',
-    '_int_from_env', '_check_timeout', '_loopback_interface', '_environment',
-    '_is_loopback', '_WATCHDOG', '_script_path', '_needs', '_interleave',
-    'check_stage_number', '_queue_link', '_merge', '_shard_axes',
-    '_check_row_input', 'check_mlp_sizes', '_check_mesh', 'check_cost_args',
-    '_check_world_of_two', 'check_timings', '_check_step_args', '_check_sizes',
-    '_alternating_rounds', '_slowest_medians', 'check_ps_args', 'check_ps_fit',
-    'check_buckets', 'check_step_prediction', 'check_pipeline_prediction',
-    'check_tensor_prediction', 'check_tensor_timing', 'QUICK_PER_CLASS',
-    'fashion_mnist_arrays', 'check_per_device', '_check_zero_args',
-    '_use_threads',
-]
+
+_ABANDONED = []  # models of failed groups, never freed (see _run_rank)
+
+
+def _exit_if_abandoned():
+    """End a rank that keeps a model of a failed group without running destructors."""
+    if _ABANDONED:  # freeing them can deadlock in ProcessGroupGloo's destructor
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+
+def _leave_failed_rank():
+    """End a rank whose error is stored without running destructors."""
+    sys.stdout.flush()  # tearing down a failed Gloo group can deadlock
+    sys.stderr.flush()  # (MXNet: a worker's store would wait for the others)
+    os._exit(1)
+
+
+def _run_rank(rank, worker, world_size, args, out_dir, parent_pid, env):
+    """Body of a process of spawn_ranks: run the worker, store its outcome."""
+    # PyTorch and MXNet; PaddlePaddle's side has its own
+    _start_rank(rank, out_dir, parent_pid, env)
+    try:
+        result = worker(rank, world_size, *args)
+    except BaseException:
+        _record_rank_failure(rank)  # unless process_group already did
+        _leave_failed_rank()
+    _finish_rank(rank, out_dir, result)
+    _exit_if_abandoned()
+
+
+def _cost_model_lenet(nn, conv, pool):
+    """The cost model's LeNet, from a framework's `nn` package and its 2-D
+    convolution and max-pooling layers (Conv2d in PyTorch, Conv2D in Paddle)."""
+    return nn.Sequential(
+        conv(1, 6, 5, padding=2), nn.ReLU(), pool(2),
+        conv(6, 16, 5), nn.ReLU(), pool(2), nn.Flatten(),
+        nn.Linear(400, 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU(),
+        nn.Linear(84, 10))
+
+
+# The helpers below are the same in every framework side but for the
+# framework they reach. Each side makes its own copies at its end, passing
+# its generated module (d2l.torch, d2l.mxnet or d2l.paddle) as `d2l`, and
+# `_adopt` makes them the side's functions, as if written there.
+
+def _shared_helpers(d2l):
+    """The helpers every framework side shares, made for the side of `d2l`."""
+    import numpy
+
+    def _device_names(devices, num_asked):
+        """(name, is_gpu) for each of `devices`, or an error saying what fails."""
+        if isinstance(devices, (str, bytes)) or not hasattr(devices, '__len__') \
+                or len(devices) == 0:
+            raise ValueError('devices must be a non-empty list of devices, such '
+                             f'as d2l.try_gpus(2), got {devices!r}')
+        if num_asked is not None:
+            check_num_devices(num_asked, 'num_asked')
+        named = []
+        for i, device in enumerate(devices):
+            try:
+                named.append(d2l._device_name(device))
+            except (AttributeError, TypeError, ValueError, RuntimeError):
+                raise TypeError(f'devices[{i}] is not a device of this framework '
+                                f'({device!r}); build the list with '
+                                f'd2l.try_gpus(k)') from None
+        return named
+
+    def check_lenet_args(X, params):
+        """Raise ValueError, saying what to pass, unless `X` and `params` fit LeNet."""
+        shape = tuple(X.shape) if hasattr(X, 'shape') else type(X).__name__
+        check(shape[1:] == (1, 28, 28), lambda: 'X must be a batch of 28 x 28 grayscale '
+                 f'images, shape (examples, 1, 28, 28); got {shape}')
+        n = len(params) if isinstance(params, (list, tuple)) else None
+        check(n == len(d2l.LENET_SHAPES), lambda: f"params must be a list of LeNet's {len(d2l.LENET_SHAPES)}"
+                 f' tensors, as lenet_params() returns; got {n or params!r:.60}')
+        for i, (p, shape) in enumerate(zip(params, d2l.LENET_SHAPES)):
+            check(tuple(p.shape) == shape, lambda: f'params[{i}] has shape '
+                     f'{tuple(p.shape)} but LeNet needs {shape}; use lenet_params()')
+
+    def check_zero_init(params, devices, stage):
+        """Reject a ZeRO stage, or an empty parameter or device list."""
+        d2l.check_stage(stage)
+        d2l._check_zero_args(params, devices)
+
+    def check_zero_step(states, devices, stage, lr, momentum):
+        """Reject a rate or momentum, a ZeRO stage, or states that do not fit
+        the stage and the devices."""
+        check_number(lr, 'lr')
+        check_number(momentum, 'momentum', below=1)
+        d2l.check_stage(stage)
+        d2l._check_zero_states(states, devices, stage)
+
+    def check_pipeline_runs(runs, num_stages, X, y, depth, width):
+        """Refuse bad runs or sizes for time_pipeline before anything starts."""
+        check_count(depth, 'depth', 1)
+        check_count(width, 'width', 1)
+        d2l.split_stages(range(depth), num_stages)  # enough blocks for the stages
+        check_runs(runs)
+        for schedule, m in runs:
+            d2l.check_schedule(schedule, num_stages, m)
+            d2l.split_microbatches(X, y, m)  # enough examples
+
+    def _stage_shapes(stages, x):
+        """The shape of each stage's output for the input x."""
+        shapes = []
+        with d2l._no_grad():
+            for layers in stages:
+                for layer in layers:
+                    x = layer(x)
+                shapes.append(tuple(x.shape))
+        return shapes
+
+    def _tp_slice(n, allreduce):
+        """The slice of `n` features that this rank keeps."""
+        sizes = d2l.shard_sizes(n, allreduce.size)
+        lo = sum(sizes[:allreduce.rank])
+        return slice(lo, lo + sizes[allreduce.rank])
+
+    def _check_arrangement(allreduce, kind, shape, checksum):
+        """Raise on every rank unless all build one layer from one model."""
+        table = numpy.zeros((allreduce.size, 4), 'float32')
+        table[allreduce.rank] = [kind, *shape, checksum]
+        mine = d2l._from_numpy(table)
+        found = d2l._to_numpy(allreduce(mine, 'check'))
+        names = {1: 'ColumnParallelLinear', 2: 'RowParallelLinear'}
+        def describe(row):
+            return f'{names[int(row[0])]}({int(row[1])}, {int(row[2])})'
+
+        for rank, row in enumerate(found):
+            if not numpy.array_equal(row[:3], found[0][:3]):
+                raise ValueError(
+                    f'rank {rank} builds {describe(row)} where rank 0 builds '
+                    f'{describe(found[0])}: every rank must build the same '
+                    f'layers in the same order')
+            if not numpy.isclose(row[3], found[0][3], rtol=1e-5):
+                raise ValueError(
+                    f'rank {rank} builds {describe(row)} from other weights than '
+                    f'rank 0 (weight sums {row[3]:.4f} and {found[0][3]:.4f}): '
+                    f'build every rank\'s layers from the same model')
+
+    def _tp_wrong_worker(rank, world_size, init_method, d, hidden):
+        """Worker: three wrong arrangements of the MLP block; the errors raised."""
+        with d2l._group(rank, world_size, init_method):
+            allreduce, mlp, errors = d2l.CountingAllreduce(), d2l.block_mlp(d, hidden), []
+            X, _ = d2l.mlp_data(4, d)
+            mistakes = [
+                lambda: d2l.ColumnParallelLinear(mlp[0], allreduce) if rank == 0
+                else d2l.RowParallelLinear(mlp[2], allreduce),
+                lambda: d2l.RowParallelLinear(mlp[2], allreduce)(mlp[1](mlp[0](X))),
+                lambda: d2l.tp_mlp(d2l.block_mlp(d, hidden, seed=rank), allreduce)]
+            for mistake in mistakes:
+                try:
+                    mistake()
+                except ValueError as error:
+                    errors.append(str(error))
+            return errors
+
+    def _tp_timing_worker(rank, world_size, init_method, d, hidden, batch_size,
+                          num_steps, reps):
+        """Worker: seconds per pass of the whole MLP block and of its part."""
+        with d2l._group(rank, world_size, init_method):
+            whole = d2l.block_mlp(d, hidden)
+            part = d2l.tp_mlp(d2l.block_mlp(d, hidden), d2l.CountingAllreduce())
+            X, Y = d2l.mlp_data(batch_size, d)
+            jobs = [lambda net=net: [d2l.mlp_pass(net, X, Y)
+                                     for _ in range(num_steps)]
+                    for net in (whole, part)]
+            for job in jobs:  # untimed: the first pass sets up buffers
+                job()
+            seconds = _alternating_rounds(jobs, reps, d2l._tp_barrier)
+            return [[s / num_steps for s in row] for row in seconds]
+
+    def time_all_reduce(world_size, sizes, reps=3, calls=5):
+        """Median seconds per all_reduce (in MXNet, per push and pull) of each
+        byte size in `sizes`."""
+        # each over `world_size` processes, timed over `calls` calls in a row
+        sizes = _check_sizes(sizes, reps)
+        check_count(calls, 'calls', 1)
+        _check_world_of_two(world_size)
+        return _slowest_medians(d2l.spawn_ranks(
+            d2l._all_reduce_worker, world_size, d2l._timing_rendezvous(), sizes,
+            reps, calls))
+
+    def cost_model_net(model):
+        """LeNet ('lenet') or the book's ResNet-18 ('resnet18') as a module
+        (in MXNet, uninitialised)."""
+        if model == 'lenet':
+            return d2l._lenet_net()
+        if model == 'resnet18':
+            return d2l.resnet18(10)
+        raise ValueError(f"model must be 'lenet' or 'resnet18', got {model!r}")
+
+    return [_device_names, check_lenet_args, check_zero_init, check_zero_step,
+            check_pipeline_runs, _stage_shapes, _tp_slice, _check_arrangement,
+            _tp_wrong_worker, _tp_timing_worker, time_all_reduce,
+            cost_model_net]
+
+
+def _group_helpers(d2l, dist):
+    """The helpers that the sides with process groups (PyTorch, PaddlePaddle)
+    share, made for the side of `d2l`, whose distributed package is `dist`."""
+    import numpy
+
+    def _stand_down(watchdog, done, world_size):
+        """Tell `watchdog` to stand down once a process group has formed or `done` is set."""
+        while world_size > 1 and not dist.is_initialized() and not done.wait(0.2):
+            pass
+        watchdog.stdin.close()  # end of its input: the watchdog exits quietly
+
+    def _live_grads(stages):
+        """The gradients of the stages' parameters, left in place (None: none)."""
+        return [p.grad for layers in stages for layer in layers
+                for p in layer.parameters()]
+
+    def _pump(box, peer, group, sending, shapes, rank, device, errors):
+        """Carry this rank's messages to or from `peer` through `box`, in order."""
+        try:
+            for i in range(len(shapes)):
+                if sending:
+                    dist.send(box.get(), peer, group)
+                    continue
+                x = d2l.tensor(numpy.zeros(shapes[i][min(rank, peer)],
+                                        numpy.float32), device)
+                dist.recv(x, peer, group)
+                box.put(x)
+        except BaseException as error:
+            errors.append(error)
+            box.put(error)  # for a waiting recv
+
+    def _direction_groups(world_size, _made={}):
+        """A group for each neighbour pair and direction ('F', 'B'), made once."""
+        if world_size not in _made:  # every rank makes them in the same order
+            _made[world_size] = {(s, op): dist.new_group([s, s + 1])
+                                 for s in range(world_size - 1) for op in 'FB'}
+        return _made[world_size]
+
+    def _p2p_link(shapes, timeout_s, device):
+        """send and recv between neighbour ranks; finish waits for the sends."""
+        rank, p = dist.get_rank(), dist.get_world_size()
+        groups, boxes, threads, errors = _direction_groups(p), {}, [], []
+        for op, peer, sending in (('F', rank + 1, True), ('B', rank - 1, True),
+                                  ('F', rank - 1, False), ('B', rank + 1, False)):
+            if 0 <= peer < p:  # one thread per peer and direction
+                boxes[op, peer] = queue.Queue()
+                threads.append(threading.Thread(target=_pump, daemon=True, args=(
+                    boxes[op, peer], peer, groups[min(rank, peer), op], sending,
+                    shapes, rank, device, errors)))
+                threads[-1].start()
+        send = lambda stage, op, i, x: boxes[op, stage].put(x.detach())
+        def recv(source, op, i):
+            try:
+                x = boxes[op, source].get(timeout=timeout_s)
+            except queue.Empty:
+                x = TimeoutError(f'rank {rank} waited {timeout_s:g} s for {op} '
+                                 f'of micro-batch {i} from rank {source}')
+            if isinstance(x, BaseException):
+                raise x
+            return x
+        def finish():
+            for thread in threads:
+                thread.join(timeout_s)
+            if errors or any(thread.is_alive() for thread in threads):
+                raise errors[0] if errors else TimeoutError(
+                    f'rank {rank}: messages unfinished after {timeout_s:g} s')
+        return send, recv, finish
+
+    def _group(rank, world_size, init_method):
+        """The process group of a tensor-parallel worker (as process_group)."""
+        return d2l.process_group(rank, world_size, init_method)
+
+    def _tp_barrier():
+        """Wait for every rank: all ranks start a timing together."""
+        dist.barrier()
+
+    def _all_reduce_rounds(bufs, reps, calls, sync):
+        """Seconds per all_reduce of each buffer in `reps` rounds of `calls`."""
+        for x in bufs:
+            dist.all_reduce(x)  # untimed: the first call sets up buffers
+        seconds = _alternating_rounds(
+            [lambda x=x: [dist.all_reduce(x) for _ in range(calls)]
+             for x in bufs], reps, dist.barrier, sync)
+        return [[s / calls for s in row] for row in seconds]
+
+    def _sgd_steps(net, optimizer, X, y, num_steps, accumulate=1, bf16=False,
+                   step_end=lambda: None):
+        """Take `num_steps` SGD steps of `accumulate` micro-batches (X, y) each."""
+        # step_end is called after each step
+        for _ in range(num_steps):
+            d2l._clear_grads(optimizer)
+            for i in range(accumulate):
+                # DDP's no_sync skips the allreduce of all but the last one.
+                skip = net.no_sync() if i < accumulate - 1 and hasattr(
+                    net, 'no_sync') else contextlib.nullcontext()
+                with skip:
+                    d2l._step_loss(net, X, y, bf16).backward()
+            optimizer.step()
+            step_end()
+        d2l._synchronize(X)
+
+    def _time_runs(runs, X, y, num_steps, warmup, reps, wait=lambda: None):
+        """This process's seconds per micro-batch of each run in `runs`."""
+        # runs: (net, optimizer, config) triples, timed in alternating rounds
+        for net, optimizer, c in runs:  # untimed: DDP also settles its buckets
+            _sgd_steps(net, optimizer, X, y, warmup, c['accumulate'], c['bf16'])
+        # Plain copies wait for one another after each step, as DDP's processes
+        # do at its allreduce: a step lasts as long as the slowest process's.
+        jobs = [lambda r=r: _sgd_steps(
+                    r[0], r[1], X, y, num_steps, r[2]['accumulate'], r[2]['bf16'],
+                    wait if r[2].get('ddp') is False else lambda: None)
+                for r in runs]
+        seconds = _alternating_rounds(jobs, reps, wait)
+        return [[s / (num_steps * c['accumulate'])
+                 for s, (_, _, c) in zip(row, runs)] for row in seconds]
+
+    def _check_configs(configs):
+        """Each DDP configuration with its defaults; unknown keys rejected."""
+        defaults = dict(model='resnet18', accumulate=1, bucket_cap_mb=25,
+                        bf16=False, compress=False, ddp=True)
+        out = []
+        for c in configs:
+            if not isinstance(c, dict) or set(c) - set(defaults):
+                raise ValueError(f'each config must be a dict with keys among '
+                                 f'{sorted(defaults)}, got {c!r}')
+            out.append(dict(defaults, **c))
+            d2l.cost_model_net(out[-1]['model'])  # rejects an unknown model
+            check_count(out[-1]['accumulate'], 'accumulate', 1)
+            d2l.ddp_buckets(1, out[-1]['bucket_cap_mb'])  # rejects a size <= 0
+            if not isinstance(out[-1]['ddp'], bool):
+                raise ValueError(f"ddp must be True or False, got "
+                                 f"{out[-1]['ddp']!r}")
+            if out[-1]['compress'] and not out[-1]['ddp']:
+                raise ValueError('compress=True needs ddp=True: a plain copy '
+                                 'of the network sends no gradients')
+        if not out:
+            raise ValueError("configs is empty; give dicts such as "
+                             "{'model': 'lenet'}")
+        return out
+
+    def _ddp_configs_worker(rank, world_size, init_method, configs,
+                            global_batch, num_steps, warmup, reps):
+        """One process of time_ddp_configs: join the group, time the configs."""
+        with d2l.process_group(rank, world_size, init_method):
+            return _time_configs(configs, global_batch, num_steps, warmup,
+                                 reps, rank, world_size)
+
+    def _time_configs(configs, global_batch, num_steps, warmup, reps, rank,
+                      world_size):
+        """This process's seconds per micro-batch of each config, alternating."""
+        device = d2l.ddp_device(rank, world_size)
+        share = d2l.local_batch_size(global_batch, world_size)
+        X, y = (t[rank * share:(rank + 1) * share].to(device)
+                for t in d2l.timing_batch(global_batch))
+        runs = [(*d2l._ddp_model(c, device), c) for c in configs]
+        # A single process has no group to wait for.
+        wait = dist.barrier if world_size > 1 else lambda: None
+        return _time_runs(runs, X, y, num_steps, warmup, reps, wait)
+
+    return [_stand_down, _live_grads, _pump, _direction_groups, _p2p_link,
+            _group, _tp_barrier, _all_reduce_rounds, _sgd_steps, _time_runs,
+            _check_configs, _ddp_configs_worker, _time_configs]
+
+
+def _adopt(namespace, helpers):
+    """Make `helpers` functions of the module whose globals are `namespace`."""
+    for f in helpers:  # __module__ names the side, and pickle finds them there
+        f.__module__, f.__qualname__ = namespace['__name__'], f.__name__
+        namespace[f.__name__] = f
+
+
+def _exports(namespace):
+    """Every name that the module whose globals are `namespace` defines, for
+    its __all__: neither the modules it imports nor the names of this one."""
+    ours = globals()
+    return [name for name, value in namespace.items()
+            if not name.startswith('__') and not isinstance(value, types.ModuleType)
+            and (namespace is ours or name not in ours or ours[name] is not value)]
+
+
+__all__ = _exports(globals())
