@@ -5,6 +5,8 @@ move tensors between processes, time steps. The book's helpers reach it
 through `from d2l import mxnet as d2l`."""
 import atexit
 import contextlib
+import functools
+import inspect
 import math
 import multiprocessing.connection
 import multiprocessing.forkserver
@@ -12,10 +14,12 @@ import mxnet as mx
 import numpy
 import numpy as onp
 import os
+import queue
 import sys
 import subprocess
 import threading
 import time
+import traceback
 from mxnet import autograd
 from mxnet import gluon
 from mxnet import init
@@ -171,6 +175,131 @@ def _rendezvous_address():
             f"{os.environ.get('DMLC_PS_ROOT_PORT', '(DMLC_PS_ROOT_PORT unset)')}")
 
 
+# ps-lite waits for a peer for good, so the waits of a worker's dist_sync
+# stores run under a deadline here: the group timeout of the process
+# (process_group's timeout_s, or GROUP_TIMEOUT_S in spawn_ranks' ranks).
+# A blocking call (init, _barrier) is a wait while it runs; a pull, which
+# returns at once, is one until its outputs are ready, which a thread of the
+# process waits for, one pull after another. A wait that sees no wait end
+# for the timeout (from its start, or from the last one that ended: the
+# thread may wait on work queued after the pull) ends the rank with a
+# TimeoutError written down as its error.
+_WAITS = {'open': {}, 'progress': 0.0, 'queue': None, 'pid': None}
+_STORE_CALLS = {'init': False, '_barrier': False, 'broadcast': True,
+                'pull': True, 'row_sparse_pull': True, 'pushpull': True}
+
+
+@contextlib.contextmanager
+def _store_timeout(timeout_s):
+    """In the body, bound each wait of a dist_sync store by `timeout_s` (None: the process's group timeout)."""
+    _bound_store_waits()
+    before = _PROCESS['group_timeout_s']
+    if timeout_s is not None:
+        _PROCESS['group_timeout_s'] = timeout_s
+    try:
+        yield
+    finally:
+        _PROCESS['group_timeout_s'] = before
+
+
+def _bound_store_waits():
+    """Put the store's waits under the group timeout, once; start this process's watching threads."""
+    kvstore = mx.kvstore.KVStore
+    for name, pulls in _STORE_CALLS.items():
+        if not getattr(getattr(kvstore, name), 'bounded', False):
+            setattr(kvstore, name, _bounded_call(getattr(kvstore, name),
+                                                 pulls))
+    if _WAITS['pid'] != os.getpid():  # first here, or forked
+        _WAITS.update(open={}, progress=time.monotonic(),
+                      queue=queue.SimpleQueue(), pid=os.getpid())
+        for target in (_await_pulls, _watch_store_waits):
+            threading.Thread(target=target, daemon=True).start()
+
+
+def _flat_arrays(value):
+    """The arrays in an array or a (nested) list of them."""
+    if isinstance(value, (list, tuple)):
+        return [a for v in value for a in _flat_arrays(v)]
+    return [] if value is None else [value]
+
+
+def _bounded_call(method, pulls):
+    """KVStore's `method` (which `pulls` into outputs, or blocks), as a wait under the group timeout in a dist store."""
+    signature = inspect.signature(method)
+
+    def bounded(self, *args, **kwargs):
+        timeout_s = _PROCESS['group_timeout_s']
+        if timeout_s is None or _WAITS['pid'] != os.getpid() or \
+                not self.type.startswith('dist'):
+            return method(self, *args, **kwargs)
+        given = signature.bind(self, *args, **kwargs).arguments
+        key, what = given.get('key'), method.__name__.lstrip('_')
+        if key is not None:
+            what += f' (key {key!r})' if not isinstance(key, (list, tuple)) \
+                else f' ({len(key)} keys)'
+        token = object()  # this wait, open until done
+        _WAITS['open'][token] = (time.monotonic(), timeout_s, self.rank, what)
+        try:
+            result = method(self, *args, **kwargs)
+            out = given.get('out')  # pushpull's default: into the values
+            outs = _flat_arrays(given.get('value') if out is None else out) \
+                if pulls else []
+        except BaseException:
+            _close_wait(token)
+            raise
+        if outs:
+            _WAITS['queue'].put((token, outs))
+        else:
+            _close_wait(token)
+        return result
+    bounded.bounded = True
+    return functools.wraps(method)(bounded)
+
+
+def _close_wait(token):
+    """A wait has ended: the stores made progress."""
+    _WAITS['open'].pop(token, None)
+    _WAITS['progress'] = time.monotonic()
+
+
+def _await_pulls():
+    """Thread: wait for each pull's outputs in turn, closing its wait."""
+    while True:
+        token, outs = _WAITS['queue'].get()
+        for out in outs:
+            try:
+                out.wait_to_read()
+            except Exception:  # the caller sees it when it reads
+                pass
+        _close_wait(token)
+
+
+def _watch_store_waits():
+    """Thread: end the rank once a wait has seen no progress for its timeout."""
+    while True:
+        time.sleep(0.25)
+        now = time.monotonic()
+        for since, timeout_s, rank, what in list(_WAITS['open'].values()):
+            if now - max(since, _WAITS['progress']) > timeout_s:
+                _end_waiting_rank(rank, what, timeout_s)
+
+
+def _end_waiting_rank(rank, what, timeout_s):
+    """Write down a TimeoutError as the rank's error, print it, end the process."""
+    try:
+        raise TimeoutError(
+            f'rank {rank} timed out: it waited {timeout_s:g} s in a '
+            f'dist_sync {what} for the other workers, and no exchange '
+            f'finished; a worker that never reached it holds them all up '
+            f'(pass a larger timeout_s to process_group if they need longer)')
+    except TimeoutError:
+        _record_rank_failure(rank)
+        traceback.print_exc()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)  # freeing the store would wait for the others too
+
+
 _JOB = []  # the store that launcher_ranks joined, kept until the exit
 
 
@@ -262,6 +391,7 @@ def _dist_store():
             'a parameter-server job, and this process is in none: call it in '
             'a worker that d2l.spawn_ranks (or MXNet\'s launcher) started')
     if not _stores:
+        _bound_store_waits()  # the group timeout of spawn_ranks' ranks
         _stores.append(mx.kv.create('dist_sync'))
     return _stores[0]
 

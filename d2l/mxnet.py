@@ -620,11 +620,9 @@ def process_group(rank, world_size, init_method='env://', timeout_s=None,
     Defined in :numref:`sec_process_groups`"""
     check_rank(rank, world_size)
     _check_timeout(timeout_s)
-    if init_method != 'env://' or timeout_s is not None:
-        raise ValueError("MXNet's workers read the job from the environment "
-                         "and wait without a timeout: pass init_method="
-                         f"'env://' and timeout_s=None, got {init_method!r} "
-                         f'and {timeout_s!r}')
+    if init_method != 'env://':
+        raise ValueError("MXNet's workers read the job from the environment: "
+                         f"pass init_method='env://', got {init_method!r}")
     local_rank = rank if local_rank is None else local_rank
     if device is None:
         device = ddp_device(local_rank, local_world_size or world_size)
@@ -638,7 +636,8 @@ def process_group(rank, world_size, init_method='env://', timeout_s=None,
                          f'{kv.num_workers}')
     _STORES.append(kv)
     try:
-        yield device
+        with _store_timeout(timeout_s):  # each wait on the store gives up
+            yield device
     except BaseException:
         _record_rank_failure(rank)  # before the others see only a lost peer
         raise

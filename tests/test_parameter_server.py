@@ -71,6 +71,24 @@ def raise_in_process_group(rank, world_size, marker_dir):
         kv.pull(0, out=out)  # never returns: rank 1 pushes nothing
         out.wait_to_read()
 
+def stuck_before_exchange(rank, world_size, timeout_s, marker_dir, how):
+    """Rank 1 sleeps, alive, after joining; rank 0 waits in a pushpull or
+    at the store's barrier."""
+    from d2l import mxnet as d2l
+    with d2l.process_group(rank, world_size, timeout_s=timeout_s):
+        open(os.path.join(marker_dir, f'pid{rank}'), 'w').write(
+            str(os.getpid()))
+        kv, x = d2l._STORES[-1], np.ones(3)
+        kv.init(0, np.zeros(3))  # both ranks: the store's barrier
+        if rank == 1:
+            time.sleep(300)
+        open(os.path.join(marker_dir, 'waits'), 'w').write(repr(time.time()))
+        if how == 'barrier':
+            kv._barrier()  # never returns: rank 1 never arrives
+        kv.pushpull(0, x, out=x)  # returns at once; the wait is the read
+        x.wait_to_read()  # never returns: rank 1 pushes nothing
+    return 'finished'
+
 def kill_rank_1(rank, world_size, marker_dir):
     """Rank 1 is killed by SIGKILL after joining the store."""
     kv = mx.kv.create('dist_sync')
@@ -192,6 +210,37 @@ def test_a_killed_worker_ends_the_run_within_seconds_leaving_no_process(
         message[:2000]
     killed = float((markers / 'killed').read_text())
     assert ended - killed < 10  # seconds from the kill to the error
+    assert children == 0  # no worker, scheduler or server outlived the call
+    pids = [int((markers / f'pid{r}').read_text()) for r in (0, 1)]
+    assert not any(alive(pid) for pid in pids)
+
+
+@pytest.mark.parametrize('how, what', [('pushpull', 'pushpull (key 0)'),
+                                       ('barrier', 'barrier')])
+def test_a_worker_stuck_before_an_exchange_is_named_when_its_peer_times_out(
+        tmp_path, how, what):
+    """ps-lite waits for good; process_group's timeout_s bounds the wait."""
+    markers = tmp_path / 'markers'
+    markers.mkdir()
+    timeout_s = 5
+    proc = run(tmp_path, f'''
+        import multiprocessing
+        try:
+            d2l.spawn_ranks(ps_test_workers.stuck_before_exchange, 2,
+                            {timeout_s}, {str(markers)!r}, {how!r})
+            message = 'no error'
+        except RuntimeError as err:
+            message = str(err)
+        report([message, time.time(), len(multiprocessing.active_children())])
+        ''')
+    message, ended, children = result_of(*finish(proc, 120), proc)
+    assert message.startswith('rank 1 of 2 did not arrive: still running, '
+                              'without an error, when rank 0 gave up waiting '
+                              'for it'), message[:2000]
+    assert 'TimeoutError: rank 0 timed out: it waited 5 s in a dist_sync ' \
+        f'{what} for the other workers' in message, message[-1000:]
+    waited = ended - float((markers / 'waits').read_text())
+    assert waited < timeout_s + 10
     assert children == 0  # no worker, scheduler or server outlived the call
     pids = [int((markers / f'pid{r}').read_text()) for r in (0, 1)]
     assert not any(alive(pid) for pid in pids)
