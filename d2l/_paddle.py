@@ -5,7 +5,6 @@ move tensors between processes, time steps. The book's helpers reach it
 through `from d2l import paddle as d2l`."""
 import contextlib
 import logging
-import multiprocessing.connection
 import numpy
 import numpy as np
 import os

@@ -4,7 +4,6 @@ What the machinery must do with PyTorch itself: join and leave process groups,
 move tensors between processes, time steps. The book's helpers reach it
 through `from d2l import torch as d2l`."""
 import datetime
-import multiprocessing.connection
 import os
 import socket
 import time
