@@ -709,16 +709,17 @@ def launcher_ranks():
 
 @contextlib.contextmanager
 def launcher_deadline(rank, world_size, timeout_s):
-    """Give the body `timeout_s` to join the job; else end the process.
+    """Give the body `timeout_s` to join the job and for each exchange.
 
     Defined in :numref:`sec_process_groups`"""
-    # it also says what this rank waits for; a joined worker waits for none
+    # it also says what this rank waits for
     check_rank(rank, world_size)
     _check_timeout(timeout_s)
     if timeout_s is None:
         raise ValueError('timeout_s must be a number of seconds, not None')
     with _join_deadline(f'rank {rank}', world_size, timeout_s):
-        yield
+        with _store_timeout(timeout_s):  # each wait on the store gives up
+            yield
 
 def fashion_mnist_tensors(split):
     """Fashion-MNIST images and labels as arrays; a subset in quick mode.

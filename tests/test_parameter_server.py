@@ -89,6 +89,7 @@ def stuck_before_exchange(rank, world_size, timeout_s, marker_dir, how):
         x.wait_to_read()  # never returns: rank 1 pushes nothing
     return 'finished'
 
+
 def kill_rank_1(rank, world_size, marker_dir):
     """Rank 1 is killed by SIGKILL after joining the store."""
     kv = mx.kv.create('dist_sync')

@@ -1199,6 +1199,37 @@ def test_a_failing_worker_of_the_mxnet_script_s_own_job_stops_the_job(
 
 
 @needs_mxnet
+def test_an_mxnet_launcher_s_timeout_also_bounds_each_exchange(tmp_path):
+    waits = tmp_path / 'waits'
+    worker = textwrap.dedent(f'''
+        import time
+        from mxnet import np
+        from d2l import mxnet as d2l
+        rank, world_size = d2l.launcher_ranks()[:2]
+        with d2l.launcher_deadline(rank, world_size, 3):
+            with d2l.process_group(rank, world_size):
+                kv, x = d2l._STORES[-1], np.ones(3)
+                kv.init(0, np.zeros(3))  # both ranks: the store's barrier
+                if rank == 1:  # alive, as under a debugger
+                    time.sleep(600)
+                with open({str(waits)!r}, 'w') as f:
+                    f.write(repr(time.time()))
+                kv.pushpull(0, x, out=x)
+                x.wait_to_read()  # rank 1 pushes nothing
+        ''')
+    proc = start([sys.executable, '-c', 'import sys\n'
+                  'from d2l import mxnet as d2l\n'
+                  f'sys.exit(d2l.launch_local_job(2, ["-c", {worker!r}]))'])
+    _, err = finish(proc, 180)
+    ended = time.time()
+    assert proc.returncode == 1, err[-3000:]
+    assert 'TimeoutError: rank 0 timed out: it waited 3 s in a dist_sync ' \
+        'pushpull' in err, err[-3000:]
+    assert 'worker 0 exited with code 1; stopping the job' in err
+    assert ended - float(waits.read_text()) < 3 + 10
+
+
+@needs_mxnet
 def test_mxnet_launcher_ranks_name_a_missing_or_bad_variable(monkeypatch):
     from d2l import mxnet as d2l
     names = ('DMLC_ROLE', 'DMLC_PS_ROOT_URI', 'DMLC_PS_ROOT_PORT',
