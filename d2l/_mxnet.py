@@ -491,7 +491,10 @@ def ddp_script_path(framework=None):
     return _script_path('mxnet' if framework is None else framework)
 
 
-# Last: the generated module imports this one at its top.
+# Last: the generated module imports this one at its top. Imported first
+# (as unpickling a worker of this module does), this one is star-imported
+# while incomplete, and _adopt completes the generated module.
+__all__ = _exports(globals())
 from d2l import mxnet as d2l  # noqa: E402
-_adopt(globals(), _shared_helpers(d2l))
+_adopt(globals(), _shared_helpers(d2l), d2l)
 __all__ = _exports(globals())

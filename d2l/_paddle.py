@@ -342,7 +342,10 @@ def ddp_script_path(framework=None):
     return _script_path('paddle' if framework is None else framework)
 
 
-# Last: the generated module imports this one at its top.
+# Last: the generated module imports this one at its top. Imported first
+# (as unpickling a worker of this module does), this one is star-imported
+# while incomplete, and _adopt completes the generated module.
+__all__ = _exports(globals())
 from d2l import paddle as d2l  # noqa: E402
-_adopt(globals(), _shared_helpers(d2l) + _group_helpers(d2l, dist))
+_adopt(globals(), _shared_helpers(d2l) + _group_helpers(d2l, dist), d2l)
 __all__ = _exports(globals())

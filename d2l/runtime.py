@@ -1862,11 +1862,14 @@ def _group_helpers(d2l, dist):
             _check_configs, _ddp_configs_worker, _time_configs]
 
 
-def _adopt(namespace, helpers):
-    """Make `helpers` functions of the module whose globals are `namespace`."""
+def _adopt(namespace, helpers, generated):
+    """Make `helpers` functions of the module whose globals are `namespace`,
+    and give the `generated` module every name of it that it lacks."""
     for f in helpers:  # __module__ names the side, and pickle finds them there
         f.__module__, f.__qualname__ = namespace['__name__'], f.__name__
         namespace[f.__name__] = f
+    for name in _exports(namespace):
+        vars(generated).setdefault(name, namespace[name])
 
 
 def _exports(namespace):

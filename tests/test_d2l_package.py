@@ -512,3 +512,16 @@ def test_mxnet_takes_its_thread_count_from_omp_num_threads_at_import():
         return int(out.stdout.split()[-1])
 
     assert threads(1) < threads(os.cpu_count())
+
+
+@pytest.mark.parametrize('framework', FRAMEWORKS)
+def test_a_framework_side_imported_first_leaves_its_flavour_whole(framework):
+    """Unpickling a worker of d2l._paddle in a fresh process imports it first."""
+    module = MODULES[framework]
+    code = (f'import d2l._{module} as side, d2l.{module} as flavour\n'
+            'print([n for n in side.__all__ if not hasattr(flavour, n)])')
+    done = subprocess.run([sys.executable, '-c', code], capture_output=True,
+                          text=True, timeout=180, env=dict(
+                              os.environ, PYTHONPATH=str(ROOT)))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == '[]', done.stdout
