@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# make test: the stages one after another (make test-unit, test-notebooks,
-# test-numpy2, test-rendered), while the NumPy-2 environment that
+# make test: the stages (make test-unit, test-notebooks, then test-numpy2
+# and test-rendered at once), while the NumPy-2 environment that
 # test-numpy2 needs is built in the background, and so are the Debian
 # packages of the browser and PDF checks (Chromium, TeX); prints each
 # stage's time.
@@ -35,12 +35,31 @@ if ! wait $venv_pid; then
   exit 1
 fi
 cat $log
-stage test-numpy2
 if ! wait $apt_pid; then
   cat $apt_log >&2
   echo "test: installing the Debian packages of the browser and PDF checks failed (log above)" >&2
   exit 1
 fi
 cat $apt_log
-stage test-rendered
+# NumPy 2 and the rendered book both read the scratch copy the notebook stage
+# evaluated and write nothing the other reads; neither keeps two cores busy
+# alone (the browser and TeX mostly wait on one process), so they run at once.
+# Each stage's output goes to its log, printed whole when it ends.
+began_pair=$SECONDS
+make --no-print-directory test-numpy2 > _build/test-numpy2.log 2>&1 &
+numpy2_pid=$!
+make --no-print-directory test-rendered > _build/test-rendered.log 2>&1 &
+rendered_pid=$!
+failed=""
+for name in numpy2 rendered; do
+  pid_var=${name}_pid
+  if wait ${!pid_var}; then status=passed; else status=failed; failed+=" test-$name"; fi
+  echo "== make test-$name ($status)"
+  cat _build/test-$name.log
+done
+times+="  test-numpy2 and test-rendered at once: $((SECONDS - began_pair)) s"$'\n'
+if [ -n "$failed" ]; then
+  echo "test: failed:$failed (logs above)" >&2
+  exit 1
+fi
 printf 'test: every stage passed in %d s\n%s' $((SECONDS - began)) "$times"
