@@ -41,8 +41,12 @@ def ddp(d2l, framework):
 
 def scenario_env():
     """Environment for scenario processes: the book's d2l, quick data, quiet C++ logs."""
+    # PaddlePaddle's launcher takes random ports from 35100 to 64000 after
+    # a bind test; under -n the kernel can hand one of them to another
+    # test's connection meanwhile (Linux's ephemeral range is 32768 to
+    # 60999). Below that range only launchers pick ports.
     env = dict(os.environ, PYTHONPATH=str(ROOT), D2L_QUICK='1',
-               GLOG_minloglevel='2')
+               GLOG_minloglevel='2', PORT_RANGE='20000:32000')
     return env
 
 
