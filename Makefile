@@ -7,7 +7,7 @@ export PYTHONPATH := $(CURDIR)
 export PATH := $(BIN):$(PATH)
 D2LBOOK := $(BIN)/python scripts/d2lbook
 # Test processes at once (pytest-xdist); CI has two cores.
-PYTEST_WORKERS ?= 3
+PYTEST_WORKERS ?= 2
 export PYTEST_WORKERS
 
 .PHONY: help setup lib eval html pdf book publish outputs-status store-gpu-run test test-unit test-notebooks test-numpy2 test-browser test-pdf test-rendered bench gpu-run clean
