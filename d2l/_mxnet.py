@@ -73,10 +73,28 @@ def _free_ports(n, host='127.0.0.1'):
     return sorted(ports)
 
 
+def _scheduler_port(host='127.0.0.1'):
+    """A free port for MXNet's scheduler that the system never hands out itself."""
+    # ps-lite's nodes bind ports the system picks (port 0); one of them
+    # could take a port that free_port found free before the scheduler
+    # binds it, and get the scheduler's messages (ps-lite aborts: "Check
+    # failed: is_scheduler_"). Above the system's range only we pick.
+    import random, socket
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        with open('/proc/sys/net/ipv4/ip_local_port_range') as f:
+            low = int(f.read().split()[1]) + 1
+        for port in random.sample(range(low, 65536), min(64, 65536 - low)):
+            with socket.socket() as probe:
+                with contextlib.suppress(OSError):
+                    probe.bind((host, port))
+                    return port
+    return d2l.free_port(host)
+
+
 def _start_servers(context, num_workers, out_dir, num_servers=1):
     """Start MXNet's scheduler and servers on loopback; return the workers' environment and the processes."""
     env = {'DMLC_PS_ROOT_URI': '127.0.0.1', 'DMLC_NODE_HOST': '127.0.0.1',
-           'DMLC_PS_ROOT_PORT': str(d2l.free_port()),
+           'DMLC_PS_ROOT_PORT': str(_scheduler_port()),
            'DMLC_NUM_SERVER': str(num_servers),
            'DMLC_NUM_WORKER': str(num_workers)}
     servers = []
@@ -93,7 +111,7 @@ def launch_local_job(num_workers, argv):
     # A scheduler and a server start too; everything listens on loopback.
     # (MXNet's tools/launch.py calls Thread.isAlive, gone in Python 3.9.)
     check_count(num_workers, 'num_workers', 1)
-    port, *ports = _free_ports(num_workers + 1)
+    port, ports = _scheduler_port(), _free_ports(num_workers)
     env = dict(os.environ, DMLC_PS_ROOT_URI='127.0.0.1', DMLC_NUM_SERVER='1',
                DMLC_NODE_HOST='127.0.0.1', DMLC_PS_ROOT_PORT=str(port),
                DMLC_NUM_WORKER=str(num_workers), DMLC_JOB_CLUSTER='local')

@@ -43,7 +43,8 @@ def push_sums(rank, world_size):
             r + 1 for r in range(world_size))
         pulled.append(float(numpy.abs(out.asnumpy() - expected).max()))
     return {'rank': kv.rank, 'num_workers': kv.num_workers,
-            'largest_error': pulled}
+            'largest_error': pulled,
+            'scheduler_port': int(os.environ['DMLC_PS_ROOT_PORT'])}
 
 def raise_on_rank_1(rank, world_size, marker_dir):
     """Rank 1 raises after joining the store; rank 0 then waits forever."""
@@ -146,6 +147,12 @@ def test_one_two_and_three_workers_pull_the_exact_sum_of_their_pushes(
         assert [r['rank'] for r in ranks] == list(range(k))
         assert all(r['num_workers'] == k for r in ranks)
         assert all(r['largest_error'] == [0.0, 0.0, 0.0] for r in ranks)
+    # The scheduler's port is one the system never hands out by itself, so
+    # no ps-lite node (they bind port 0) can take it before the scheduler.
+    highest = int(pathlib.Path('/proc/sys/net/ipv4/ip_local_port_range')
+                  .read_text().split()[1])
+    assert all(r['scheduler_port'] > highest for ranks in runs
+               for r in ranks), runs
 
 
 def test_a_worker_that_raises_reaches_the_parent_with_its_rank_and_message(
