@@ -1131,6 +1131,37 @@ def _to_device(x, device):
     Defined in :numref:`sec_ddp_resnet`"""
     return x.as_in_ctx(device)
 
+class TransformerBlock(nn.Block):
+    """Pre-norm block: X + attention(LN(X)), then X + MLP(LN(X)).
+
+    Defined in :numref:`sec_memory_precision`"""
+    def __init__(self, h, num_heads):
+        super().__init__()
+        d2l.check_heads(h, num_heads)
+        self.num_heads = num_heads
+        dense = lambda n, m: nn.Dense(m, in_units=n, flatten=False)
+        self.ln1, self.ln2 = nn.LayerNorm(in_channels=h), nn.LayerNorm(
+            in_channels=h)
+        self.qkv, self.proj = dense(h, 3 * h), dense(h, h)
+        self.fc1, self.fc2 = dense(h, 4 * h), dense(4 * h, h)
+
+    def forward(self, X):  # X: (b, s, h)
+        b, s, h = X.shape
+        QKV = self.qkv(self.ln1(X)).reshape(b, s, 3, self.num_heads, -1)
+        Q, K, V = QKV.transpose(2, 0, 3, 1, 4)  # each (b, heads, s, h/heads)
+        A = npx.softmax(Q @ K.transpose(0, 1, 3, 2) / Q.shape[-1] ** 0.5)
+        X = X + self.proj((A @ V).transpose(0, 2, 1, 3).reshape(b, s, h))
+        H = npx.leaky_relu(self.fc1(self.ln2(X)), act_type='gelu')
+        return X + self.fc2(H)
+
+def block_activation_bytes(s, b, h, a, e=4):
+    """Bytes a TransformerBlock keeps for backward, e bytes per number.
+
+    Defined in :numref:`sec_memory_precision`"""
+    for name, v in zip('sbhae', (s, b, h, a, e)):
+        d2l.check_count(v, name, 1)
+    return e * (16 * s * b * h + a * s * s * b) + 16 * s * b
+
 import math
 
 def _flat(x):

@@ -1238,6 +1238,34 @@ def _to_device(x, device):
     Defined in :numref:`sec_ddp_resnet`"""
     return x
 
+class TransformerBlock(nn.Layer):
+    """Pre-norm block: X + attention(LN(X)), then X + MLP(LN(X)).
+
+    Defined in :numref:`sec_memory_precision`"""
+    def __init__(self, h, num_heads):
+        super().__init__()
+        d2l.check_heads(h, num_heads)
+        self.num_heads = num_heads
+        self.ln1, self.ln2 = nn.LayerNorm(h), nn.LayerNorm(h)
+        self.qkv, self.proj = nn.Linear(h, 3 * h), nn.Linear(h, h)
+        self.fc1, self.fc2 = nn.Linear(h, 4 * h), nn.Linear(4 * h, h)
+
+    def forward(self, X):  # X: (b, s, h)
+        b, s, h = X.shape
+        QKV = self.qkv(self.ln1(X)).reshape([b, s, 3, self.num_heads, -1])
+        Q, K, V = QKV.transpose([2, 0, 3, 1, 4]).unbind(0)  # (b, heads, s, .)
+        A = F.softmax(Q @ K.transpose([0, 1, 3, 2]) / Q.shape[-1] ** 0.5, -1)
+        X = X + self.proj((A @ V).transpose([0, 2, 1, 3]).reshape([b, s, h]))
+        return X + self.fc2(F.gelu(self.fc1(self.ln2(X))))
+
+def block_activation_bytes(s, b, h, a, e=4):
+    """Bytes a TransformerBlock keeps for backward, e bytes per number.
+
+    Defined in :numref:`sec_memory_precision`"""
+    for name, v in zip('sbhae', (s, b, h, a, e)):
+        d2l.check_count(v, name, 1)
+    return e * (16 * s * b * h + a * s * s * b) + 16 * s * b
+
 import math
 
 def _flat(x):

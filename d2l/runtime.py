@@ -1271,6 +1271,14 @@ def check_mesh_args(world_size, d, hidden, batch_size, dp=2, tp=2):
           f'tensor-parallel ranks without hidden units; pass at least {tp}')
 
 
+def check_heads(h, num_heads):
+    """Reject a width `h` that `num_heads` attention heads cannot share."""
+    check_count(h, 'h', 1)
+    check_count(num_heads, 'num_heads', 1)
+    check(h % num_heads == 0, lambda: f'num_heads={num_heads} must divide '
+          f'h={h}: each head gets h/num_heads features')
+
+
 def check_mlp_sizes(d, hidden, seed):
     """Reject sizes below 1 and seeds below 0, naming the argument."""
     for name, value, least in (('d', d, 1), ('hidden', hidden, 1),
