@@ -1,0 +1,88 @@
+"""The claims of chapter_multi_gpu/mixed-precision.md, checked in every framework.
+
+The page's demonstrations (bf16 rounding, the MLP, the loss scaler and
+the training loop) are plain cells, not d2l helpers; the tests run those
+cells of the framework's tab, after its imports cell, in a namespace of
+their own.
+"""
+import numpy as np
+import pytest
+
+from conftest import ROOT, tab_cells
+
+PAGE = ROOT / 'chapter_multi_gpu' / 'mixed-precision.md'
+DEFINITIONS = ('def round_bf16(', 'def mlp_params(', 'class LossScaler',
+               'def scaled_step(', 'def train_mlp(')
+
+
+@pytest.fixture(autouse=True)
+def paddle_default_device_is_the_cpu(framework):
+    if framework != 'paddle':
+        yield
+        return
+    import paddle
+    with paddle.device.device_guard(paddle.CPUPlace()):
+        yield
+
+
+@pytest.fixture
+def page(framework):
+    """The tab's imports cell and its cells that define the demonstrations."""
+    cells = tab_cells(PAGE, framework)
+    namespace = {}
+    exec(cells[0], namespace)
+    for code in cells[1:]:
+        if '#@save' not in code and any(d in code for d in DEFINITIONS):
+            exec(code, namespace)
+    return namespace
+
+
+def test_the_scaler_skips_a_step_on_inf_and_lowers_its_scale(page):
+    tensor, to_numpy = page['tensor'], page['to_numpy']
+    params = [page['track'](tensor(p)) for p in page['mlp_params']()]
+    rng = np.random.default_rng(0)
+    X = tensor(rng.random((16, 1, 28, 28)))
+    y = _labels(page, rng.integers(0, 10, 16))
+    scaler = page['LossScaler'](2.0**40, growth_interval=2)
+    before = [to_numpy(p).copy() for p in params]
+    assert not page['scaled_step'](params, X, y, 0.1, scaler)
+    assert scaler.scale == 2.0**39
+    for p, b in zip(params, before):
+        np.testing.assert_array_equal(to_numpy(p), b)
+    scaler.scale = 2.0**4
+    assert page['scaled_step'](params, X, y, 0.1, scaler)
+    assert any((to_numpy(p) != b).any() for p, b in zip(params, before))
+    assert page['scaled_step'](params, X, y, 0.1, scaler)
+    assert scaler.scale == 2.0**5  # two good steps in a row: doubled
+
+
+def _labels(page, labels):
+    """Integer labels as the framework's loss takes them."""
+    mod = page['d2l']
+    return mod.tensor(labels.astype(np.int64))
+
+
+def test_the_scaler_sees_nan_as_not_finite(page):
+    scaler = page['LossScaler'](8.0)
+    assert not scaler.finite([page['tensor']([1.0, float('nan')])])
+    assert scaler.scale == 4.0
+
+
+def test_bf16_rounding_keeps_8_significant_bits(page):
+    x = np.random.default_rng(0).standard_normal(1000).astype(np.float32)
+    r = page['to_numpy'](page['round_bf16'](page['tensor'](x)))
+    assert np.all(np.abs(r - x) <= np.abs(x) * 2.0**-8)
+    bits = r.view(np.uint32)
+    assert np.all(bits & 0xFFFF == 0)  # the low 16 bits are gone
+
+
+def test_bf16_training_is_within_one_point_of_float32(page, monkeypatch):
+    monkeypatch.setenv('D2L_QUICK', '0')
+    monkeypatch.setenv('D2L_SUBSET', '100,100')
+    train_iter, test_iter = page['d2l'].load_data_fashion_mnist(100)
+    # both runs see the same minibatches in the same order
+    page['train_iter'], page['test_iter'] = list(train_iter), test_iter
+    fp32 = page['train_mlp'](lambda x: x, 3)
+    bf16 = page['train_mlp'](page['round_bf16'], 3)
+    assert fp32[-1] > 0.6
+    assert abs(fp32[-1] - bf16[-1]) <= 0.01
