@@ -1241,7 +1241,7 @@ def _to_device(x, device):
 class TransformerBlock(nn.Layer):
     """Pre-norm block: X + attention(LN(X)), then X + MLP(LN(X)).
 
-    Defined in :numref:`sec_memory_precision`"""
+    Defined in :numref:`sec_memory`"""
     def __init__(self, h, num_heads):
         super().__init__()
         d2l.check_heads(h, num_heads)
@@ -1261,7 +1261,7 @@ class TransformerBlock(nn.Layer):
 def block_activation_bytes(s, b, h, a, e=4):
     """Bytes a TransformerBlock keeps for backward, e bytes per number.
 
-    Defined in :numref:`sec_memory_precision`"""
+    Defined in :numref:`sec_memory`"""
     for name, v in zip('sbhae', (s, b, h, a, e)):
         d2l.check_count(v, name, 1)
     return e * (16 * s * b * h + a * s * s * b) + 16 * s * b
