@@ -1154,6 +1154,55 @@ def block_activation_bytes(s, b, h, a, e=4):
         d2l.check_count(v, name, 1)
     return e * (16 * s * b * h + a * s * s * b) + 16 * s * b
 
+def _count_bytes(*names):
+    """Make each dist.<name> add up its full arrays' bytes; their sums.
+
+    Defined in :numref:`sec_mixed_precision`"""
+    moved = dict.fromkeys(names, 0)
+    def counted(name, collective):
+        def run(*args, **kwargs):  # the largest array is the full one
+            full = max((t for t in (*args, *kwargs.values())
+                        if torch.is_tensor(t)), key=torch.numel)
+            moved[name] += full.numel() * full.element_size()
+            return collective(*args, **kwargs)
+        return run
+    for name in names:
+        setattr(dist, name, counted(name, getattr(dist, name)))
+    return moved
+
+def fsdp_precisions(rank, world_size, init_method, num_steps):
+    """Worker: FSDP2 steps of an MLP per precision; bytes, losses, dtype.
+
+    Defined in :numref:`sec_mixed_precision`"""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    policies = {'float32': (None, None),
+                'bf16, float32 reduce': (torch.bfloat16, torch.float32),
+                'bf16': (torch.bfloat16, torch.bfloat16)}
+    moved = _count_bytes('all_gather_single', 'reduce_scatter_single')
+    with process_group(rank, world_size, init_method) as device:
+        gen = torch.Generator().manual_seed(rank)  # each rank its own data
+        X = torch.randn(64, 784, generator=gen).to(device)
+        y = torch.randint(0, 10, (64,), generator=gen).to(device)
+        results = {}
+        for name, dtypes in policies.items():
+            torch.manual_seed(0)  # the same start for every policy
+            net = nn.Sequential(nn.Linear(784, 256), nn.ReLU(),
+                                nn.Linear(256, 10)).to(device)
+            for unit in (net[0], net[2], net):
+                fully_shard(unit, mp_policy=MixedPrecisionPolicy(*dtypes))
+            opt = torch.optim.Adam(net.parameters(), lr=0.01)
+            moved.update(dict.fromkeys(moved, 0))
+            losses = []
+            for _ in range(num_steps):
+                losses.append(F.cross_entropy(net(X).float(), y))
+                losses[-1].backward()
+                opt.step()
+                opt.zero_grad()
+            losses = [l.item() for l in losses]
+            results[name] = (list(moved.values()), losses,
+                             str(net[0].weight.dtype))
+        return results
+
 import math
 
 def _flat(x):

@@ -5,10 +5,14 @@ the training loop) are plain cells, not d2l helpers; the tests run those
 cells of the framework's tab, after its imports cell, in a namespace of
 their own.
 """
+import sys
+import textwrap
+
 import numpy as np
 import pytest
 
 from conftest import ROOT, tab_cells
+from test_process_groups import RESULT, finish, result_of, start
 
 PAGE = ROOT / 'chapter_multi_gpu' / 'mixed-precision.md'
 DEFINITIONS = ('def round_bf16(', 'def mlp_params(', 'class LossScaler',
@@ -86,3 +90,39 @@ def test_bf16_training_is_within_one_point_of_float32(page, monkeypatch):
     bf16 = page['train_mlp'](page['round_bf16'], 3)
     assert fp32[-1] > 0.6
     assert abs(fp32[-1] - bf16[-1]) <= 0.01
+
+
+# ---- FSDP2 with a MixedPrecisionPolicy in two Gloo processes (PyTorch) ----
+
+MLP_PARAMETERS = 784 * 256 + 256 + 256 * 10 + 10
+FSDP_SCENARIO = textwrap.dedent(f'''
+    import json
+    from d2l import torch as d2l
+    ranks = d2l.spawn_ranks(d2l.fsdp_precisions, 2, d2l.local_init_method(),
+                            2)
+    print({RESULT!r} + json.dumps(ranks), flush=True)
+''')
+
+
+@pytest.mark.slow  # two processes; run once in the pinned environment
+def test_fsdp_in_bf16_gathers_half_the_bytes_onto_float32_masters(
+        framework):
+    if framework != 'pytorch':
+        pytest.skip('FSDP runs in the PyTorch tab only; the other tabs '
+                    'compute the same bytes from the parameter count')
+    proc = start([sys.executable, '-c', FSDP_SCENARIO])
+    out, err = finish(proc, 300)
+    n, num_steps = MLP_PARAMETERS, 2
+    # bytes per number gathered and reduce-scattered under each policy
+    expected = {'float32': (4, 4), 'bf16, float32 reduce': (2, 4),
+                'bf16': (2, 2)}
+    for rank in result_of(out, err, proc):
+        assert list(rank) == list(expected)
+        for name, (param_bytes, grad_bytes) in expected.items():
+            moved, losses, dtype = rank[name]
+            # the parameters gathered twice a step, the gradients once
+            assert moved == [num_steps * 2 * param_bytes * n,
+                             num_steps * grad_bytes * n]
+            assert dtype == 'torch.float32'
+            assert losses[1] < losses[0]
+        assert abs(rank['bf16'][1][1] - rank['float32'][1][1]) < 0.01
