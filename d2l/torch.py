@@ -1175,9 +1175,9 @@ def fsdp_precisions(rank, world_size, init_method, num_steps):
 
     Defined in :numref:`sec_mixed_precision`"""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-    policies = {'float32': (None, None),
-                'bf16, float32 reduce': (torch.bfloat16, torch.float32),
-                'bf16': (torch.bfloat16, torch.bfloat16)}
+    d2l.check_count(num_steps, 'num_steps', 1)
+    policies = {'float32': (None, None), 'bf16': (torch.bfloat16,) * 2,
+                'bf16, float32 reduce': (torch.bfloat16, torch.float32)}
     moved = _count_bytes('all_gather_single', 'reduce_scatter_single')
     with process_group(rank, world_size, init_method) as device:
         gen = torch.Generator().manual_seed(rank)  # each rank its own data

@@ -114,8 +114,8 @@ def test_fsdp_in_bf16_gathers_half_the_bytes_onto_float32_masters(
     out, err = finish(proc, 300)
     n, num_steps = MLP_PARAMETERS, 2
     # bytes per number gathered and reduce-scattered under each policy
-    expected = {'float32': (4, 4), 'bf16, float32 reduce': (2, 4),
-                'bf16': (2, 2)}
+    expected = {'float32': (4, 4), 'bf16': (2, 2),
+                'bf16, float32 reduce': (2, 4)}
     for rank in result_of(out, err, proc):
         assert list(rank) == list(expected)
         for name, (param_bytes, grad_bytes) in expected.items():
@@ -126,3 +126,13 @@ def test_fsdp_in_bf16_gathers_half_the_bytes_onto_float32_masters(
             assert dtype == 'torch.float32'
             assert losses[1] < losses[0]
         assert abs(rank['bf16'][1][1] - rank['float32'][1][1]) < 0.01
+
+
+@pytest.mark.parametrize('num_steps', [0, 2.5, '3'])
+def test_the_fsdp_worker_refuses_a_step_count_before_it_joins_a_group(
+        framework, d2l, num_steps):
+    if framework != 'pytorch':
+        pytest.skip('the FSDP worker is in the PyTorch tab only')
+    with pytest.raises(ValueError,
+                       match='num_steps must be a positive integer, got '):
+        d2l.fsdp_precisions(0, 2, 'unused://', num_steps)
