@@ -1,0 +1,73 @@
+"""The claims of chapter_multi_gpu/memory-model.md, checked in every framework.
+
+The page's prediction and measurements are plain cells, not d2l helpers; the
+tests run all cells of the framework's tab in a namespace of their own and
+then call its functions on other sizes.
+"""
+import contextlib
+import io
+
+import numpy as np
+import pytest
+
+from conftest import ROOT, tab_cells
+
+PAGE = ROOT / 'chapter_multi_gpu' / 'memory-model.md'
+
+
+@pytest.fixture(autouse=True)
+def paddle_default_device_is_the_cpu(framework):
+    if framework != 'paddle':
+        yield
+        return
+    import paddle
+    with paddle.device.device_guard(paddle.CPUPlace()):
+        yield
+
+
+@pytest.fixture
+def page(framework):
+    """The namespace after running every cell of the tab, quietly."""
+    namespace = {}
+    with contextlib.redirect_stdout(io.StringIO()):
+        for code in tab_cells(PAGE, framework):
+            exec(code, namespace)
+    return namespace
+
+
+@pytest.mark.parametrize('k', [2, 4])
+def test_predicted_model_state_bytes_equal_the_measured_ones(page, k):
+    n = page['n']
+    assert n % k == 0
+    for scheme in page['SHARDED']:
+        for rank in range(k):
+            measured = page['measured_state_bytes'](page['arrays'], k, scheme,
+                                                    rank)
+            assert measured == page['state_bytes'](n, k, scheme)
+    assert page['state_bytes'](n, k, 'zero3') * k == 16 * n
+
+
+def test_peak_is_state_plus_activations_and_names_its_schemes(page):
+    n, L, A, x = page['n'], page['L'], page['A'], page['x_bytes']
+    predict = page['predict_peak_bytes']
+    assert predict(n, (L, A, x), 2, 'ddp') == 16 * n + L * A
+    assert predict(n, (L, A, x), 2, 'zero3', True) == 8 * n + L * x + A
+    with pytest.raises(ValueError, match='scheme must be one of'):
+        predict(n, (L, A, x), 2, 'fsdp')
+
+
+@pytest.mark.parametrize('b, s', [(8, 64), (2, 16), (4, 32)])
+def test_predicted_activation_bytes_equal_the_measured_ones(
+        framework, d2l, page, b, s):
+    if framework == 'mxnet':
+        pytest.skip("MXNet's autograd cannot be watched")
+    h, a, L = page['h'], page['a'], page['L']
+    X = page['tensor'](np.random.default_rng(2).standard_normal((b, s, h)))
+    A = d2l.block_activation_bytes(s, b, h, a)
+    x = page['nbytes'](X)
+    kept = page['kept_bytes']
+    assert kept(page['net'], X, False) == page['activation_bytes'](L, A, x)
+    inputs = kept(page['net'], page['track'](X), True)
+    assert inputs == L * x
+    assert inputs + kept(page['net'][:1], X, False) == \
+        page['activation_bytes'](L, A, x, True)
