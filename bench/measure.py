@@ -484,5 +484,6 @@ def memory(ops, s):
         raise Missing(f'{ops.name}: FSDP and the memory comparison run in '
                       f'PyTorch only')
     from bench import memory as mem
-    rows = mem.per_device_memory(2)
-    return dict(rows=rows, line=mem.line(rows))
+    rows, peaks = mem.per_device_memory(2), mem.peak_rows(2)
+    return dict(rows=rows, line=mem.line(rows), peaks=peaks,
+                peak_line=mem.peak_line(peaks))

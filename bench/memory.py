@@ -96,6 +96,58 @@ def table(rows):
     return '\n'.join(out)
 
 
+def _kept_bytes(blocks, X, recompute):
+    """Bytes autograd keeps in a forward pass of the blocks (saved-tensor hooks)."""
+    import torch
+    from torch.utils.checkpoint import checkpoint
+    weights = {p.data_ptr() for blk in blocks for p in blk.parameters()}
+    found = {}
+    def keep(t):
+        if t.data_ptr() not in weights:
+            found[t.data_ptr()] = t.numel() * t.element_size()
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+        H = X
+        for blk in blocks:
+            H = checkpoint(blk, H, use_reentrant=False) if recompute \
+                else blk(H)
+    return sum(found.values())
+
+
+def peak_rows(k=2, L=4, h=64, a=4, s=64, b=8):
+    """Measured and predicted peak bytes per process of L transformer blocks (sec_memory_model)."""
+    _check_k(k)
+    import torch
+    from d2l import torch as d2l
+    blocks = [d2l.TransformerBlock(h, a) for _ in range(L)]
+    params = [p.detach() for blk in blocks for p in blk.parameters()]
+    n = sum(p.numel() for p in params)
+    devices = [torch.device('cpu')] * k
+    state = {stage: sum(d2l.state_bytes(
+        d2l.zero_init(params, devices, stage)[0]).values()) for stage in (0, 3)}
+    predicted_state = {0: 12 * n, 3: 12 * n / k}  # momentum SGD: 4 + 4 + 4
+    X = torch.zeros(b, s, h)
+    A, x = d2l.block_activation_bytes(s, b, h, a), 4 * s * b * h
+    act = {False: _kept_bytes(blocks, X, False),
+           True: _kept_bytes(blocks, X, True) + _kept_bytes(blocks[:1], X,
+                                                           False)}
+    predicted_act = {False: L * A, True: L * x + A}
+    return [dict(method=name, recompute=r, measured=state[stage] + act[r],
+                 predicted=predicted_state[stage] + predicted_act[r])
+            for name, stage, r in (('DDP', 0, False), ('ZeRO-3', 3, False),
+                                   ('DDP', 0, True), ('ZeRO-3', 3, True))]
+
+
+def peak_line(rows, k=2):
+    """The one-line summary of measured and predicted peak memory for `make bench`."""
+    parts = ', '.join(
+        f'{r["method"]}{" + recompute" if r["recompute"] else ""} '
+        f'{r["measured"] / 2**20:.2f}/{r["predicted"] / 2**20:.2f}'
+        for r in rows)
+    return (f'peak memory per process, 4 transformer blocks, k = {k}, '
+            f'measured/predicted MB: {parts}')
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--k', type=int, default=2)
@@ -103,6 +155,7 @@ def main():
     rows = per_device_memory(args.k)
     print(table(rows))
     print(line(rows, args.k))
+    print(peak_line(peak_rows(args.k), args.k))
 
 
 if __name__ == '__main__':

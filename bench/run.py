@@ -211,6 +211,7 @@ def main(argv=None):
     for fw, res in results['frameworks'].items():
         if 'memory' in res:
             print(res['memory']['line'])
+            print(res['memory']['peak_line'])
     for fw, res in results['frameworks'].items():
         for name, why in res.get('skipped', {}).items():
             print(f'skipped {fw} {name}: {why}')

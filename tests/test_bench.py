@@ -140,6 +140,7 @@ def test_tiny_run_writes_json_with_every_ratio(framework, d2l, tmp_path):
     if framework == 'pytorch':  # the sharded section's memory line
         assert 'memory per device, ResNet-18, k = 2' in proc.stdout
         assert 'FSDP' in proc.stdout and 'ZeRO-3' in proc.stdout
+        assert 'peak memory per process, 4 transformer blocks' in proc.stdout
 
 
 def harness_root():

@@ -15,7 +15,7 @@ from conftest import ROOT, tab_cells
 PAGE = ROOT / 'chapter_multi_gpu' / 'memory-model.md'
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture
 def paddle_default_device_is_the_cpu(framework):
     if framework != 'paddle':
         yield
@@ -26,7 +26,7 @@ def paddle_default_device_is_the_cpu(framework):
 
 
 @pytest.fixture
-def page(framework):
+def page(framework, paddle_default_device_is_the_cpu):
     """The namespace after running every cell of the tab, quietly."""
     namespace = {}
     with contextlib.redirect_stdout(io.StringIO()):
@@ -71,3 +71,15 @@ def test_predicted_activation_bytes_equal_the_measured_ones(
     assert inputs == L * x
     assert inputs + kept(page['net'][:1], X, False) == \
         page['activation_bytes'](L, A, x, True)
+
+
+def test_the_bench_peak_line_measures_what_it_predicts():
+    pytest.importorskip('torch')
+    from bench import memory
+    rows = memory.peak_rows(2)
+    assert {(r['method'], r['recompute']) for r in rows} == {
+        (m, r) for m in ('DDP', 'ZeRO-3') for r in (False, True)}
+    for r in rows:
+        assert r['measured'] == r['predicted'], r
+    line = memory.peak_line(rows)
+    assert 'DDP + recompute' in line and 'ZeRO-3' in line
