@@ -43,8 +43,8 @@ def test_predicted_model_state_bytes_equal_the_measured_ones(page, k):
         for rank in range(k):
             measured = page['measured_state_bytes'](page['arrays'], k, scheme,
                                                     rank)
-            assert measured == page['state_bytes'](n, k, scheme)
-    assert page['state_bytes'](n, k, 'zero3') * k == 16 * n
+            assert measured == page['predict_state_bytes'](n, k, scheme)
+    assert page['predict_state_bytes'](n, k, 'zero3') * k == 16 * n
 
 
 def test_peak_is_state_plus_activations_and_names_its_schemes(page):
@@ -65,12 +65,11 @@ def test_predicted_activation_bytes_equal_the_measured_ones(
     X = page['tensor'](np.random.default_rng(2).standard_normal((b, s, h)))
     A = d2l.block_activation_bytes(s, b, h, a)
     x = page['nbytes'](X)
-    kept = page['kept_bytes']
-    assert kept(page['net'], X, False) == page['activation_bytes'](L, A, x)
+    kept, predict = page['kept_bytes'], page['predict_activation_bytes']
+    assert kept(page['net'], X, False) == predict(L, A, x)
     inputs = kept(page['net'], page['track'](X), True)
     assert inputs == L * x
-    assert inputs + kept(page['net'][:1], X, False) == \
-        page['activation_bytes'](L, A, x, True)
+    assert inputs + kept(page['net'][:1], X, False) == predict(L, A, x, True)
 
 
 def test_the_bench_peak_line_measures_what_it_predicts():
