@@ -109,3 +109,31 @@ def test_the_bench_peak_line_measures_what_it_predicts():
         assert r['measured'] == r['predicted'], r
     line = memory.peak_line(rows)
     assert 'DDP + recompute' in line and 'ZeRO-3' in line
+
+
+@pytest.mark.parametrize('t', [1, 2, 4])
+@pytest.mark.parametrize('b, s', [(8, 64), (2, 16)])
+def test_a_tensor_parallel_rank_holds_the_predicted_bytes(framework, page, t,
+                                                          b, s):
+    h, a, blk = page['h'], page['a'], page['net'][0]
+    W, whole = page['tp_rank_weights'](blk, t)
+    params = sum(page['nbytes'](w) if framework != 'mxnet' else w.nbytes
+                 for w in [*W.values(), *whole])
+    predicted_params, predicted_acts = page['predict_tp_bytes'](s, b, h, a, t)
+    assert params == predicted_params
+    if framework == 'mxnet':
+        return  # MXNet's autograd cannot be watched
+    X = page['tensor'](np.random.default_rng(3).standard_normal((b, s, h)))
+    with page['saved_tensors']([*blk.parameters(), *W.values()]) as found:
+        page['tp_rank_forward'](blk, W, X, t)
+    assert sum(found.values()) == predicted_acts
+
+
+def test_one_rank_of_one_computes_the_whole_block(framework, page):
+    if framework == 'mxnet':
+        pytest.skip('MXNet runs no tensor-parallel forward pass')
+    blk, X = page['net'][0], page['X']
+    W, _ = page['tp_rank_weights'](blk, 1)
+    one_rank = page['tp_rank_forward'](blk, W, X, 1).detach().numpy()
+    np.testing.assert_allclose(one_rank, blk(X).detach().numpy(), rtol=1e-5,
+                               atol=1e-5)  # the same sums in another order
