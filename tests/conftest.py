@@ -51,10 +51,34 @@ def tab_cells(page, tab, default_tab='pytorch'):
     return cells
 
 
+def page_definitions(page, tab, definitions):
+    """A namespace after `page`'s imports cell in `tab` and its plain cells
+    (not #@save) that contain one of `definitions`."""
+    cells = tab_cells(page, tab)
+    namespace = {}
+    exec(cells[0], namespace)
+    for code in cells[1:]:
+        if '#@save' not in code and any(d in code for d in definitions):
+            exec(code, namespace)
+    return namespace
+
+
 @pytest.fixture(params=FRAMEWORKS)
 def framework(request):
     """The name of the framework (tab) under test."""
     return request.param
+
+
+@pytest.fixture
+def paddle_default_device_is_the_cpu(framework):
+    """PaddlePaddle runs operations on its default device; on a GPU machine make
+    that the CPU the tests place their arrays on (the book uses device_guard)."""
+    if framework != 'paddle':
+        yield
+        return
+    import paddle
+    with paddle.device.device_guard(paddle.CPUPlace()):
+        yield
 
 
 @pytest.fixture

@@ -8,32 +8,20 @@ namespace of their own.
 import numpy as np
 import pytest
 
-from conftest import ROOT, tab_cells
+from conftest import ROOT, page_definitions
 
 PAGE = ROOT / 'chapter_multi_gpu' / 'memory.md'
 DEFINITIONS = ('def saved_tensors(', 'def forward_keeping(')
 
 
-@pytest.fixture(autouse=True)
-def paddle_default_device_is_the_cpu(framework):
-    if framework != 'paddle':
-        yield
-        return
-    import paddle
-    with paddle.device.device_guard(paddle.CPUPlace()):
-        yield
+pytestmark = pytest.mark.usefixtures('paddle_default_device_is_the_cpu')
+
 
 
 @pytest.fixture
 def page(framework):
     """The tab's imports cell and its cells that define the demonstrations."""
-    cells = tab_cells(PAGE, framework)
-    namespace = {}
-    exec(cells[0], namespace)
-    for code in cells[1:]:
-        if '#@save' not in code and any(d in code for d in DEFINITIONS):
-            exec(code, namespace)
-    return namespace
+    return page_definitions(PAGE, framework, DEFINITIONS)
 
 
 def blocks_and_input(framework, d2l, page, num_blocks, b=2, s=8, h=16, a=2):

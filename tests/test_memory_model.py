@@ -15,15 +15,6 @@ from conftest import ROOT, tab_cells
 PAGE = ROOT / 'chapter_multi_gpu' / 'memory-model.md'
 
 
-@pytest.fixture
-def paddle_default_device_is_the_cpu(framework):
-    if framework != 'paddle':
-        yield
-        return
-    import paddle
-    with paddle.device.device_guard(paddle.CPUPlace()):
-        yield
-
 
 _PAGES = {}
 

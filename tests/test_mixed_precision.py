@@ -11,7 +11,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from conftest import ROOT, tab_cells
+from conftest import ROOT, page_definitions
 from test_process_groups import RESULT, finish, result_of, start
 
 PAGE = ROOT / 'chapter_multi_gpu' / 'mixed-precision.md'
@@ -19,26 +19,14 @@ DEFINITIONS = ('def round_bf16(', 'def mlp_params(', 'class LossScaler',
                'def scaled_step(', 'def train_mlp(')
 
 
-@pytest.fixture(autouse=True)
-def paddle_default_device_is_the_cpu(framework):
-    if framework != 'paddle':
-        yield
-        return
-    import paddle
-    with paddle.device.device_guard(paddle.CPUPlace()):
-        yield
+pytestmark = pytest.mark.usefixtures('paddle_default_device_is_the_cpu')
+
 
 
 @pytest.fixture
 def page(framework):
     """The tab's imports cell and its cells that define the demonstrations."""
-    cells = tab_cells(PAGE, framework)
-    namespace = {}
-    exec(cells[0], namespace)
-    for code in cells[1:]:
-        if '#@save' not in code and any(d in code for d in DEFINITIONS):
-            exec(code, namespace)
-    return namespace
+    return page_definitions(PAGE, framework, DEFINITIONS)
 
 
 def test_the_scaler_skips_a_step_on_inf_and_lowers_its_scale(page):

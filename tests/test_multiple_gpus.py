@@ -16,16 +16,7 @@ SPLITS = [(5, 1), (8, 2), (7, 2), (7, 3), (9, 3), (4, 4), (10, 4), (13, 4)]
 TOL = 1e-5  # float32, on averaged gradients (what SGD applies) and on sums of O(1) values
 
 
-@pytest.fixture(autouse=True)
-def paddle_default_device_is_the_cpu(framework):
-    """PaddlePaddle runs operations on its default device; on a GPU machine make
-    that the CPU the tests place their arrays on (the book uses device_guard)."""
-    if framework != 'paddle':
-        yield
-        return
-    import paddle
-    with paddle.device.device_guard(paddle.CPUPlace()):
-        yield
+pytestmark = pytest.mark.usefixtures('paddle_default_device_is_the_cpu')
 
 
 def device_of(framework, x):

@@ -23,15 +23,8 @@ LENET_SIZE = 61706  # parameters of the book's LeNet
 TOL = 1e-5
 
 
-@pytest.fixture(autouse=True)
-def paddle_default_device_is_the_cpu(framework):
-    """Run PaddlePaddle's operations on the CPU the tests place their arrays on."""
-    if framework != 'paddle':
-        yield
-        return
-    import paddle
-    with paddle.device.device_guard(paddle.CPUPlace()):
-        yield
+pytestmark = pytest.mark.usefixtures('paddle_default_device_is_the_cpu')
+
 
 
 def per_device(framework, arrays, devices):
