@@ -662,8 +662,8 @@ def spawn_ranks(worker, world_size, *args, silence_s=60.0):
                 with _environment(env, DMLC_ROLE='worker', PORT=str(port),
                                   **threads):
                     workers.append(context.Process(target=_run_rank, args=(
-                        rank, worker, world_size, args, out_dir,
-                        os.getpid(), dict(os.environ))))
+                        rank, _sendable(worker), world_size, _sendable(args),
+                        out_dir, os.getpid(), dict(os.environ))))
                     workers[-1].start()
         except BaseException:
             _stop_processes(workers + servers)

@@ -774,10 +774,11 @@ def spawn_ranks(worker, world_size, *args, silence_s=60.0, backend=None):
           f'None, got {backend!r}')
     with tempfile.TemporaryDirectory(prefix='d2l-ranks-') as out_dir, \
             _quiet_spawn(), _quiet_logger('root'):
-        context = dist.spawn(_run_rank, args=(worker, args, out_dir,
-                                              os.getpid(), dict(os.environ)),
-                             nprocs=world_size, backend=backend, join=False,
-                             start_method=_fork_server())
+        context = dist.spawn(  # a notebook's code goes by value
+            _run_rank, args=(_sendable(worker), _sendable(args), out_dir,
+                             os.getpid(), dict(os.environ)),
+            nprocs=world_size, backend=backend, join=False,
+            start_method=_fork_server())
         _join_ranks(context, out_dir, world_size, silence_s)
         return _collect_results(out_dir, world_size)
 

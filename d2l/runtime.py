@@ -9,6 +9,7 @@ import contextlib
 import gzip
 import hashlib
 import http.client
+import io
 import ipaddress
 import logging
 import math
@@ -573,29 +574,65 @@ def _main_file(main):
     return path if isinstance(path, str) and os.path.isfile(path) else None
 
 
+def _from_main(value):
+    """Whether pickling `value` needs code of the main module, such as a
+    function, class or lambda defined in a notebook."""
+    found = []
+
+    class Finder(pickle.Pickler):
+        def reducer_override(self, obj):
+            if '__main__' in (getattr(obj, '__module__', None),
+                              type(obj).__module__):
+                found.append(obj)
+            return NotImplemented  # then pickle as usual
+
+    try:
+        Finder(io.BytesIO()).dump(value)
+    except Exception:  # a lambda, say: cloudpickle may yet send it
+        return True
+    return bool(found)
+
+
+class _ByValue:
+    """A value in cloudpickle's bytes: new processes rebuild it, code and
+    all, without importing the module that defined it."""
+    def __init__(self, payload):
+        self.payload = payload
+
+    def __reduce__(self):
+        return pickle.loads, (self.payload,)
+
+
+def _sendable(value):
+    """`value` as new processes can receive it: by value (cloudpickle) if
+    it holds code of a main module without a file, such as a notebook's."""
+    if _main_file(sys.modules.get('__main__')) is not None or \
+            not _from_main(value):
+        return value  # they import what it names
+    import cloudpickle
+    return _ByValue(cloudpickle.dumps(value))
+
+
 def _check_worker(worker, world_size, args):
     """Fail in this process, before any starts, if the new processes could
-    not import `worker` or unpickle `args`, or if `worker.check` refuses
+    not receive `worker` or `args`, or if `worker.check` refuses
     (world_size, *args): the checks a worker carries for this moment."""
     if not callable(worker):
         raise TypeError(f'worker must be a function, got {worker!r}')
-    main = sys.modules.get('__main__')
-    if getattr(worker, '__module__', None) == '__main__' and \
-            _main_file(main) is None:
-        raise ValueError(
-            f'worker {worker.__name__} is defined in this notebook, '
-            f'interpreter session or code without a file, which new '
-            f'processes cannot import: save it in a module (as the book saves '
-            f'its workers in d2l) and pass that')
-    _check_main_guard(main)
+    _check_main_guard(sys.modules.get('__main__'))
     for name, value in (('worker', worker), ('args', args)):
         try:
-            pickle.dumps(value)
+            pickle.dumps(_sendable(value))
+        except ImportError:
+            raise ValueError(
+                f'{name} holds code defined in this notebook or interpreter '
+                f'session, which new processes receive through cloudpickle: '
+                f'install it (pip install cloudpickle), or save the code in '
+                f'a module and import it') from None
         except Exception as err:
             raise ValueError(
                 f'{name} cannot be sent to new processes ({err}); use a '
-                f'function defined at the top level of a module and '
-                f'arguments that pickle') from None
+                f'function and arguments that pickle') from None
     check = getattr(worker, 'check', None)
     if check is not None:  # e.g. train_ddp.check: its arguments, refused here
         check(world_size, *args)

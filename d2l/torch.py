@@ -668,9 +668,9 @@ def spawn_ranks(worker, world_size, *args, silence_s=60.0):
     _check_timeout(silence_s, 'silence_s')
     with tempfile.TemporaryDirectory(prefix='d2l-ranks-') as out_dir, \
             _quiet_logger('torch.multiprocessing.spawn'), _no_main_rerun():
-        context = mp.start_processes(
-            _run_rank, args=(worker, world_size, args, out_dir, os.getpid(),
-                             dict(os.environ)),
+        context = mp.start_processes(  # a notebook's code goes by value
+            _run_rank, args=(_sendable(worker), world_size, _sendable(args),
+                             out_dir, os.getpid(), dict(os.environ)),
             nprocs=world_size, join=False, start_method=_fork_server())
         _join_ranks(context, out_dir, world_size, silence_s)
         return _collect_results(out_dir, world_size)

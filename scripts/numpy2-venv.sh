@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 venv=_build/venv-numpy2
 # PyPI's newer torch wheels are CUDA builds that pull about 3 GB of NVIDIA
 # libraries; 2.13.0 is the newest CPU build the index serves.
-want="torch==2.13.0 paddlepaddle==3.3.1 numpy==2.4.6 matplotlib pytest pytest-timeout pytest-xdist hypothesis nbval nbclient nbformat ipykernel"
+want="torch==2.13.0 paddlepaddle==3.3.1 numpy==2.4.6 matplotlib cloudpickle pytest pytest-timeout pytest-xdist hypothesis nbval nbclient nbformat ipykernel"
 stamp=$venv/.stamp-editable
 if [ -x $venv/bin/python ] && [ "$(cat $stamp 2>/dev/null)" = "$want" ]; then
   exit 0
