@@ -21,6 +21,8 @@ SETTINGS = {
         allreduce_mb=[1, 10, 100], allreduce_devices=[2, 4],
         allreduce_calls=1, allreduce_reps=5,
         ddp_batch=16, ddp_steps=1, ddp_reps=3, ddp_warmup=1,
+        # the ResNet-18 DDP section's timing table: 32 images per process
+        scaling_batch=64, scaling_steps=1, scaling_reps=3,
         loader_batch=256, loader_epochs=20, loader_reps=7,
         cm_sizes=[4_000, 40_000, 400_000, 4_000_000, 40_000_000, 100_000_000],
         cm_ks=[1, 2, 4], cm_batch=16, cm_steps=1, cm_reps=3,
@@ -34,6 +36,7 @@ SETTINGS = {
         allreduce_mb=[1, 4, 16, 64, 100], allreduce_devices=[2, 4],
         allreduce_calls=5, allreduce_reps=7,
         ddp_batch=256, ddp_steps=20, ddp_reps=5, ddp_warmup=3,
+        scaling_batch=64, scaling_steps=5, scaling_reps=5,
         loader_batch=256, loader_epochs=1, loader_reps=5,
         cm_sizes=[4_000, 40_000, 400_000, 4_000_000, 40_000_000, 100_000_000],
         cm_ks=[1, 2, 4], cm_batch=64, cm_steps=4, cm_reps=5,
@@ -49,6 +52,7 @@ SETTINGS = {
         allreduce_mb=[1], allreduce_devices=[2], allreduce_calls=1,
         allreduce_reps=2,
         ddp_batch=8, ddp_steps=1, ddp_reps=1, ddp_warmup=1,
+        scaling_batch=8, scaling_steps=1, scaling_reps=1,
         loader_batch=64, loader_epochs=1, loader_reps=2,
         # sizes far apart and three rounds, so that the fit's slope stays
         # positive on a busy machine
@@ -373,12 +377,12 @@ def headline_ratios(results):
 
 def scaling_line(framework, m):
     """One line on the measured scaling of ResNet-18 at k = 2."""
-    return (f'scaling {framework}: ResNet-18, k = {m["k"]}, one core per '
-            f'process without GPUs: strong (global batch '
-            f'{m["global_batch"]}) speedup {m["strong_speedup"]:.2f}, '
-            f'efficiency {m["strong_efficiency"]:.2f}; weak (batch '
-            f'{m["global_batch"]} per process) efficiency '
-            f'{m["weak_efficiency"]:.2f}')
+    b, k = m["global_batch"], m["k"]
+    return (f'scaling {framework}: ResNet-18, k = {k}, one core per '
+            f'process without GPUs: strong (global batch {b}, {b // k} per '
+            f'process) speedup {m["strong_speedup"]:.2f}, efficiency '
+            f'{m["strong_efficiency"]:.2f}; weak ({b} per process) '
+            f'efficiency {m["weak_efficiency"]:.2f}')
 
 
 def plot(results, path):

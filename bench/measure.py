@@ -314,16 +314,18 @@ def scaling(ops, s):
     """ResNet-18 steps of one process, of two sharing its global batch
     (strong scaling) and of two with a batch each (weak scaling), one core
     per process without GPUs, timed by the ResNet-18 DDP section's
-    time_ddp; the three alternate, and each keeps its median."""
+    time_ddp at its table's batch (32 images per process when two share
+    it); the three alternate, and each keeps its median."""
     d2l = ops.d2l
     time_ddp, = need(d2l, 'time_ddp')
     if d2l.num_gpus() == 1:
         raise Missing('scaling at k = 2 needs two devices; 1 GPU found')
-    batch, steps, warmup = s['ddp_batch'], s['ddp_steps'], s['ddp_warmup']
+    batch, steps = s['scaling_batch'], s['scaling_steps']
+    warmup = s['ddp_warmup']
     runs = {'one': (1, batch), 'strong': (2, batch), 'weak': (2, 2 * batch)}
     seconds = alternate_rounds(
         {name: lambda k=k, b=b: time_ddp(k, b, steps, warmup, None, 1)
-         for name, (k, b) in runs.items()}, s['ddp_reps'])
+         for name, (k, b) in runs.items()}, s['scaling_reps'])
     t = {name: statistics.median(ts) for name, ts in seconds.items()}
     return dict(k=2, global_batch=batch, steps=steps, seconds=t,
                 strong_speedup=t['one'] / t['strong'],

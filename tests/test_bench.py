@@ -135,6 +135,7 @@ def test_tiny_run_writes_json_with_every_ratio(framework, d2l, tmp_path):
     line = next(l for l in proc.stdout.splitlines()
                 if l.startswith(f'scaling {framework}:'))
     assert 'strong' in line and 'weak' in line and 'efficiency' in line
+    assert 'per process' in line
     if framework == 'pytorch' and ratios.get('ddp_over_dp') is None:
         assert 'needs two GPUs' in json.dumps(results)  # skipped, with why
     if framework == 'pytorch':  # the sharded section's memory line
@@ -146,6 +147,19 @@ def test_tiny_run_writes_json_with_every_ratio(framework, d2l, tmp_path):
 def harness_root():
     import pathlib
     return pathlib.Path(harness.__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize('settings', ['quick', 'full'])
+def test_scaling_is_measured_at_the_resnet18_page_s_batch(settings):
+    """The scaling line times what the ResNet-18 DDP section's table times:
+    its global batch in full mode, at least 32 images per process."""
+    import pathlib
+    import re
+    page = (harness_root() / 'chapter_multi_gpu' / 'ddp-resnet18.md')
+    batch = int(re.search(r'batch, steps = \(\d+, \d+\) if quick else '
+                          r'\((\d+),', page.read_text()).group(1))
+    assert harness.SETTINGS[settings]['scaling_batch'] == batch
+    assert batch // 2 >= 32
 
 
 def test_every_measurement_has_a_benchmark():
