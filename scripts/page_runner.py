@@ -326,10 +326,39 @@ def source_segment(lines, node):
 
 @functools.lru_cache(maxsize=None)
 def top_level_statements(text, modules=frozenset({'d2l'})):
-    """(source, names it defines or None if it always counts, names it mentions) per statement."""
+    """(source, names it defines or None if it always counts, names it mentions) per statement.
+
+    Two kinds of statement count with a definition rather than always:
+    `f.attr = value` for a function or class `f` of the same text counts when
+    `f` does; and each function that a factory (`_factory_parts`) defines and
+    returns counts as a definition of its own name, the factory's other
+    lines as the factory's."""
     lines = SOURCE_LINE.findall(text)
-    return [(source_segment(lines, node), defined_names(node), referenced_names(node, modules))
-            for node in ast.parse(text).body]
+    tree = ast.parse(text)
+    defined_here = {node.name for node in tree.body if isinstance(
+        node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+    statements = []
+    for node in tree.body:
+        source, mentioned = source_segment(lines, node), referenced_names(node, modules)
+        owner, nested = _attribute_owner(node), _factory_parts(node)
+        if owner in defined_here:
+            statements.append((source, {owner}, mentioned))
+        elif nested:
+            rest = set()  # what the factory's own lines name, its list aside
+            for part in node.body[:-1]:
+                if part not in nested:
+                    rest |= referenced_names(part, modules)
+            statements.append((source_segment(lines, node).split('\n', 1)[0], {node.name},
+                               rest | referenced_names(node.args, modules)))
+            for part in node.body[:-1]:
+                if part not in nested:
+                    statements.append((source_segment(lines, part), {node.name}, set()))
+            statements.append((source_segment(lines, node.body[-1]), {node.name}, set()))
+            statements += [(source_segment(lines, part), {part.name},
+                            referenced_names(part, modules)) for part in nested]
+        else:
+            statements.append((source, defined_names(node), mentioned))
+    return statements
 
 
 def reachable_source(modules, names):
@@ -359,6 +388,31 @@ def reachable_source(modules, names):
             for mentioned in definitions[name]:
                 todo |= mentioned
     return [source for source, defined, _ in statements if defined is None or defined & reached]
+
+
+def _attribute_owner(node):
+    """X for a statement `X.attr = value` (one target), else None."""
+    if isinstance(node, ast.Assign) and len(node.targets) == 1:
+        target = node.targets[0]
+        if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name):
+            return target.value.id
+    return None
+
+
+def _factory_parts(node):
+    """For a function that defines functions and returns a list of them (the
+    machinery's `_shared_helpers(d2l)`, installed by a call on import), the
+    nested definitions it returns, else []."""
+    if not isinstance(node, ast.FunctionDef) or not node.body:
+        return []
+    last = node.body[-1]
+    if not (isinstance(last, ast.Return) and isinstance(last.value, ast.List)
+            and all(isinstance(e, ast.Name) for e in last.value.elts)):
+        return []
+    returned = {e.id for e in last.value.elts}
+    nested = [n for n in node.body if isinstance(n, ast.FunctionDef)
+              and n.name in returned and not n.decorator_list]
+    return nested if {n.name for n in nested} == returned else []
 
 
 # ---------------------------------------------------------------------------

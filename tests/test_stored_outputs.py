@@ -296,6 +296,44 @@ def test_statements_with_effects_on_import_always_count():
     assert 'def quiet' not in text
 
 
+def test_an_attribute_set_on_a_function_counts_only_with_the_function():
+    source = '''
+        def train():
+            return 1
+        def check(n):
+            return n
+        train.check = check
+        def other():
+            return 2
+        '''
+    assert 'train.check = check' not in reached(source, 'other')
+    assert reached(source, 'train').splitlines() == [
+        'def train():', '    return 1', 'def check(n):', '    return n',
+        'train.check = check']
+
+
+def test_the_functions_a_factory_returns_count_one_by_one():
+    source = '''
+        def helpers(d2l):
+            """Made for one side."""
+            limit = 3
+            def first():
+                return d2l.base() + limit
+            def second():
+                return 2
+            return [first, second]
+        def base():
+            return 0
+        install(helpers(d2l))
+        '''
+    always = reached(source)
+    assert 'install(helpers(d2l))' in always and 'limit = 3' in always
+    assert 'def first' not in always and 'def second' not in always
+    first = reached(source, 'first')
+    assert 'def first' in first and 'def base' in first
+    assert 'def second' not in first
+
+
 # A generated module whose hand-written header imports a hand-written module
 # of the package, which imports another: (header line, how the saved code calls).
 IMPORTS = [('from d2l.runtime import *', 'd2l.train'), ('from .runtime import train', 'train'),
