@@ -9,7 +9,8 @@ prose. No notebook runs and nothing is built: the check reads text.
 
 What counts as a number, and what it may match:
 
-* Digits standing alone: `0.857`, `60,000`, `29%`, and a number in math
+* Digits standing alone: `0.857`, `60,000`, `29%`, `11.2 million` (that
+  is, 11,200,000 to the printed digits), and a number in math
   that is nothing but a number (`$2\\cdot10^{-8}$`). Digits glued to a name
   (`ResNet-18`, `fp16`, `1F1B`, `x16`, `8-bit`), version numbers after a
   product name (`Python 3.9`, `PCIe 4.0`) and years (1950 to 2030) are
@@ -71,6 +72,16 @@ EXCEPTIONS = {
         "fp16's largest finite number, a property of the format",
     ('chapter_multi_gpu/sharded-data-parallel.md', '*', '61,706'):
         "LeNet's parameter count; the outputs print its 247 KB",
+    ('chapter_multi_gpu/multiple-gpus-concise.md', '*', '62'):
+        "LeNet's parameter count, printed by the from-scratch section",
+    ('chapter_multi_gpu/multiple-gpus-concise.md', '*', '41'):
+        "ResNet-18's multiply-adds per parameter, counted from its layers",
+    ('chapter_multi_gpu/multiple-gpus-concise.md', '*', '7'):
+        "LeNet's multiply-adds per parameter, counted from its layers",
+    ('chapter_multi_gpu/ddp-resnet18.md', '*', '90'):
+        "Goyal et al.'s training run, from the cited paper",
+    ('chapter_multi_gpu/ddp-resnet18.md', '*', '1.28'):
+        "ImageNet's training images in Goyal et al.'s run, from the paper",
     ('chapter_multi_gpu/sharded-data-parallel.md', '*', '14'):
         'the printed 112 GB of a 7B model spread over eight devices',
 }
@@ -86,7 +97,9 @@ AWAITING_RERUN = {
 NUMBER = re.compile(
     r'(?<![\w.])(?<![A-Za-z0-9]-)(?<![/\\^{])'
     r'(?P<num>\d{1,3}(?:,\d{3})+|\d+)(?P<dec>\.\d+)?'
-    r'(?P<pct>\s?%)?(?![\w/]|\.\d|-[A-Za-z])')
+    r'(?P<pct>\s?%)?(?P<scale>\s(?:thousand|million|billion)\b)?'
+    r'(?![\w/]|\.\d|-[A-Za-z])')
+SCALE = {' thousand': 1e3, ' million': 1e6, ' billion': 1e9}
 VALUE = re.compile(r'\d+(?:\.\d+)?(?:[eE][-+]?\d+)?')
 ROLE = re.compile(r':\w+:`[^`]*`')
 INLINE_CODE = re.compile(r'`[^`]*`')
@@ -155,11 +168,12 @@ def prose_numbers(prose):
                 and ',' not in written:
             continue  # a year
         digits = len(match.group('dec') or '.') - 1
+        scale = SCALE.get(match.group('scale') or '', 1)
         context = ' '.join(
             text[max(0, match.start() - 50):match.end() + 30].split())
-        found.append((written + ('%' if match.group('pct') else ''), value,
-                      0.5 * 10 ** -digits, bool(match.group('pct')),
-                      context))
+        found.append((written + ('%' if match.group('pct') else ''),
+                      value * scale, 0.5 * 10 ** -digits * scale,
+                      bool(match.group('pct')), context))
     return found
 
 
