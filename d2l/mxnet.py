@@ -535,6 +535,9 @@ def evaluate_accuracy_gpus(net, data_iter, split_f=d2l.split_batch,
     d2l.check_devices(devices, allow_none=True)
     if devices is None:  # every context that holds a copy of the parameters
         devices = list(net.collect_params().values())[0].list_ctx()
+    for p in net.collect_params().values():  # one set of running statistics:
+        if p.grad_req == 'null':  # the first context's, on every context
+            p.set_data(p.list_data()[0])
     return _accuracy_on_devices(  # net uses each context's own copy
         lambda i, X_i: net(X_i), data_iter, split_f, devices)
 

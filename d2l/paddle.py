@@ -652,6 +652,7 @@ def train_concise_worker(net_fn, seed, num_epochs, batch_size, lr, folder):
                                               optimizer, [device])
         record['epoch_seconds'].append(timer.stop())
         m = len(test_iter.dataset)  # this process's test images
+        d2l._share_rank0_statistics(model._layers, world)  # one BN state
         acc = d2l.evaluate_accuracy_gpus(model._layers, test_iter,
                                          devices=[device])
         sums = _sum_over_processes([loss_sum, n, acc * m, m], world)

@@ -11,6 +11,14 @@ import pytest
 MB = 10 ** 6
 
 
+@pytest.fixture
+def page(framework, d2l):
+    """The page's own (unsaved) tree and hierarchical allreduce models."""
+    from conftest import ROOT, page_definitions
+    return page_definitions(ROOT / 'chapter_multi_gpu' / 'cost-model.md',
+                            framework, ['def tree_allreduce_time'])
+
+
 @pytest.mark.parametrize('k', [1, 2, 3, 4, 8])
 def test_ring_allreduce_costs_2_k_minus_1_latencies_and_chunks(d2l, k):
     n, alpha, beta = 44.7 * MB, 20e-6, 1e-9
@@ -23,6 +31,37 @@ def test_ring_allreduce_costs_2_k_minus_1_latencies_and_chunks(d2l, k):
 def test_one_process_communicates_nothing(d2l):
     assert d2l.ring_allreduce_time(MB, 1, 1e-3, 1e-9) == 0
     assert d2l.naive_allreduce_time(MB, 1, 1e-3, 1e-9) == 0
+
+
+@pytest.mark.parametrize('k', [1, 2, 3, 4, 8, 64])
+def test_a_tree_pays_2_log_k_latencies_for_whole_messages(d2l, page, k):
+    n, alpha, beta = 44.7 * MB, 20e-6, 1e-9
+    levels = math.ceil(math.log2(k))
+    assert page['tree_allreduce_time'](n, k, alpha, beta) == pytest.approx(
+        2 * levels * (alpha + beta * n))
+    if k >= 4:  # fewer latencies than the ring, more bytes
+        assert page['tree_allreduce_time'](4e3, k, alpha, 0) < \
+            d2l.ring_allreduce_time(4e3, k, alpha, 0)
+        assert page['tree_allreduce_time'](n, k, 0, beta) > \
+            d2l.ring_allreduce_time(n, k, 0, beta)
+
+
+def test_a_hierarchical_allreduce_sends_a_gth_of_the_data_between_machines(
+        d2l, page):
+    n, inner, outer = 44.7 * MB, (10e-6, 1 / 25e9), (20e-6, 1 / 12.5e9)
+    t = page['hierarchical_allreduce_time'](n, 8, 8, inner, outer)
+    assert t == pytest.approx(d2l.ring_allreduce_time(n, 8, *inner) +
+                              d2l.ring_allreduce_time(n / 8, 8, *outer))
+    assert t < d2l.ring_allreduce_time(n, 64, *outer)
+    # One machine: a ring inside it; one device per machine: a ring between.
+    assert page['hierarchical_allreduce_time'](n, 1, 8, inner, outer) == \
+        pytest.approx(d2l.ring_allreduce_time(n, 8, *inner))
+    assert page['hierarchical_allreduce_time'](n, 8, 1, inner, outer) == \
+        pytest.approx(d2l.ring_allreduce_time(n, 8, *outer))
+    with pytest.raises(ValueError, match='k'):
+        page['hierarchical_allreduce_time'](n, 0, 8, inner, outer)
+    with pytest.raises(ValueError, match='k'):
+        page['tree_allreduce_time'](n, 0, 1e-5, 1e-9)
 
 
 @pytest.mark.parametrize('k', [2, 3, 4, 16])

@@ -132,6 +132,25 @@ def test_mxnet_defaults_to_the_contexts_holding_the_parameters():
 
 
 @needs_mxnet
+def test_mxnet_contexts_test_with_the_first_contexts_batch_norm_statistics():
+    import mxnet as mx
+    from d2l import mxnet as d2l
+    net = built_resnet('mxnet', d2l, [mx.cpu(0), mx.cpu(1)])
+    statistics = [p for p in net.collect_params().values()
+                  if p.grad_req == 'null']
+    for p in statistics:  # as if cpu(1) had normalised other shards
+        p.data(mx.cpu(1))[:] = p.data(mx.cpu(1)) * 2 + 1
+    images, labels = d2l.fashion_mnist_arrays('test', quick=True)
+    data = [(tensor('mxnet', images[:6]),
+             tensor('mxnet', labels[:6].astype(np.int32)))]
+    first = d2l.evaluate_accuracy_gpus(net, data, devices=[mx.cpu(0)])
+    assert d2l.evaluate_accuracy_gpus(net, data) == first
+    for p in statistics:
+        assert (p.data(mx.cpu(0)) == p.data(mx.cpu(1)).as_in_ctx(
+            mx.cpu(0))).all()
+
+
+@needs_mxnet
 def test_mxnet_helpers_work_in_numpy_mode():
     """Issue 10 item 8: after a reader's npx.set_np() the section's helpers run."""
     from mxnet import np as mnp, npx
