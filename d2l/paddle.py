@@ -623,15 +623,6 @@ def _shard_loaders(batch_size, rank, world):
         tests, batch_size=batch_size // world,
         collate_fn=test_iter.collate_fn)
 
-def _sum_over_processes(values, world):
-    """The sums of `values` (a list of numbers) over all processes.
-
-    Defined in :numref:`sec_multi_gpu_concise`"""
-    totals = paddle.to_tensor(values, dtype='float64')
-    if world > 1:
-        paddle.distributed.all_reduce(totals)
-    return totals.tolist()
-
 def train_concise_worker(net_fn, seed, num_epochs, batch_size, lr, folder):
     """Body of each process of train_concise_spawn; returns its record.
 
@@ -655,7 +646,7 @@ def train_concise_worker(net_fn, seed, num_epochs, batch_size, lr, folder):
         d2l._share_rank0_statistics(model._layers, world)  # one BN state
         acc = d2l.evaluate_accuracy_gpus(model._layers, test_iter,
                                          devices=[device])
-        sums = _sum_over_processes([loss_sum, n, acc * m, m], world)
+        sums = d2l._sum_over_ranks([loss_sum, n, acc * m, m], device, world)
         record['train_loss'].append(sums[0] / sums[1])
         record['test_acc'].append(sums[2] / sums[3])
     if rank == 0:
