@@ -1022,11 +1022,13 @@ def check_train_ddp(world_size, init_method, num_epochs, batch_size, lr,
 
 
 def check_epoch(epoch, num_epochs):
-    """Reject an epoch outside [0, num_epochs), or a bad num_epochs, saying so."""
-    check(is_count(num_epochs, 1) and is_count(epoch)
-                 and epoch < num_epochs, lambda: f'epoch must be an integer in '
-                 f'[0, num_epochs) and num_epochs a positive integer, got '
-                 f'epoch={epoch!r}, num_epochs={num_epochs!r}')
+    """Reject an epoch outside [0, num_epochs), or a bad num_epochs, saying so;
+    a step's epoch, the epochs done before it, may be a fraction."""
+    real = isinstance(epoch, numbers.Real) and not isinstance(epoch, bool)
+    check(is_count(num_epochs, 1) and real and 0 <= epoch < num_epochs,
+          lambda: f'epoch must be a number in [0, num_epochs) and num_epochs '
+                  f'a positive integer, got epoch={epoch!r}, '
+                  f'num_epochs={num_epochs!r}')
 
 
 def check_lr(lr, epoch, num_epochs, warmup=0, start=0.0):

@@ -962,13 +962,16 @@ def evaluate_accuracy_ddp(net, device, rank, world_size, batch_size=256):
     correct, n = _sum_over_ranks([correct, len(y)], device, world_size)
     return correct / n
 
-def _ddp_epoch(net, optimizer, train_iter, device, world_size, epoch):
-    """One epoch on this rank's shards; return the mean loss over all ranks.
-
-    Defined in :numref:`sec_ddp_resnet`"""
+def _ddp_epoch(net, optimizer, train_iter, device, world_size, epoch,
+               lr_at=None):
+    """Defined in :numref:`sec_ddp_resnet`"""
+    """One epoch on this rank's shards, at rate lr_at(epochs done) per step;
+    return the mean loss over all ranks."""
     net.train()
     loss_sum, n = 0.0, 0
-    for X, y in train_iter:
+    for i, (X, y) in enumerate(train_iter):
+        if lr_at is not None:
+            set_learning_rate(optimizer, lr_at(epoch + i / len(train_iter)))
         loss = F.cross_entropy(net(X.to(device)), y.to(device))
         optimizer.zero_grad()
         loss.backward()
@@ -980,9 +983,9 @@ def _ddp_epoch(net, optimizer, train_iter, device, world_size, epoch):
                             net)
 
 def warmup_cosine_lr(lr, epoch, num_epochs, warmup=0, start=0.0):
-    """Rate of `epoch`: from `start` to `lr` in `warmup` epochs, then down.
-
-    Defined in :numref:`sec_ddp_resnet`"""
+    """Defined in :numref:`sec_ddp_resnet`"""
+    """Rate after `epoch` epochs (a fraction during one): from `start` to
+    `lr` in `warmup` epochs, then down along half a cosine."""
     d2l.check_lr(lr, epoch, num_epochs, warmup, start)
     if epoch < warmup:
         return start + (lr - start) * epoch / warmup
@@ -997,13 +1000,14 @@ def _ddp_epochs(net, model, optimizer, loader, device, rank, world_size,
     summary = {'rank': rank, 'world_size': world_size, 'device': str(device),
                'backend': ddp_backend(device), 'train_loss': [],
                'test_acc': [], 'epoch_s': []}
+    def lr_at(epochs_done):  # warm-up from the one-process rate
+        return warmup_cosine_lr(lr, epochs_done, num_epochs, warmup,
+                                lr / world_size)
     for epoch in range(num_epochs):
-        set_learning_rate(optimizer, warmup_cosine_lr(
-            lr, epoch, num_epochs, warmup, lr / world_size))
         sampler.set_epoch(epoch)  # a new shuffle, the same on every rank
         timer.start()
         summary['train_loss'].append(_ddp_epoch(
-            net, optimizer, train_iter, device, world_size, epoch))
+            net, optimizer, train_iter, device, world_size, epoch, lr_at))
         summary['epoch_s'].append(timer.stop())
         summary['test_acc'].append(
             evaluate_accuracy_ddp(model, device, rank, world_size))
@@ -1107,7 +1111,7 @@ def _time_ddp_worker(rank, world_size, init_method, global_batch, num_steps,
         X, y = shard_of_batch(*fashion_mnist_tensors('train'), 0, rank,
                               world_size, global_batch // world_size)
         seconds = [0.0] * world_size
-        X, y = _to_device(X, device), _to_device(y, device)
+        X, y = _to(X, device), _to(y, device)
         seconds[rank] = time_steps(net, optimizer, X, y, num_steps, warmup,
                                    device)
         return max(_sum_over_ranks(seconds, device, world_size))
@@ -1119,12 +1123,6 @@ def _thread_environment(threads):
 def _timing_rendezvous():
     """Defined in :numref:`sec_ddp_resnet`"""
     return local_init_method()
-
-def _to_device(x, device):
-    """`x` on `device`.
-
-    Defined in :numref:`sec_ddp_resnet`"""
-    return x.to(device)
 
 class TransformerBlock(nn.Module):
     """Pre-norm block: X + attention(LN(X)), then X + MLP(LN(X)).

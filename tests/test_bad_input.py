@@ -445,7 +445,7 @@ SWEEP = [
         {'num_classes': 'count', 'in_channels': 'count'}, True),
     Sweep('cosine_lr', ALL, lambda d2l, fw: (d2l.cosine_lr, dict(
         lr=0.1, epoch=1, num_epochs=3)),
-        {'lr': 'rate', 'epoch': 'count0', 'num_epochs': 'count'}, True),
+        {'lr': 'rate', 'epoch': 'real', 'num_epochs': 'count'}, True),
     Sweep('set_learning_rate', ALL, lambda d2l, fw: (
         d2l.set_learning_rate, dict(optimizer=an_optimizer(fw), lr=0.1)),
         {'lr': 'rate'}, True),
@@ -496,7 +496,7 @@ SWEEP = [
         {'num_steps': 'count0', 'batch_size': 'count', 'lr': 'rate'}, True),
     Sweep('warmup_cosine_lr', ALL, lambda d2l, fw: (d2l.warmup_cosine_lr,
         dict(lr=0.1, epoch=0, num_epochs=3, warmup=1, start=0.05)),
-        {'warmup': 'count0', 'start': 'rate', 'lr': 'rate', 'epoch': 'count0',
+        {'warmup': 'count0', 'start': 'rate', 'lr': 'rate', 'epoch': 'real',
          'num_epochs': 'count'}, True),
     Sweep('train_ddp', ALL, lambda d2l, fw: (d2l.train_ddp, dict(
         rank=0, world_size=1, init_method='env://', num_epochs=1,

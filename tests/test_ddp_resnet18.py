@@ -52,6 +52,9 @@ def test_the_rate_warms_up_from_the_one_process_rate_then_falls(d2l):
     assert rates == pytest.approx([0.1] + [d2l.cosine_lr(0.2, e, 5)
                                            for e in range(5)])
     assert d2l.warmup_cosine_lr(0.2, 3, 6) == d2l.cosine_lr(0.2, 3, 6)
+    # gradual: every step of the warm-up epoch a little higher, linearly
+    steps = [d2l.warmup_cosine_lr(0.2, i / 4, 6, 1, 0.1) for i in range(5)]
+    assert steps == pytest.approx([0.1, 0.125, 0.15, 0.175, 0.2])
     with pytest.raises(ValueError, match='warmup must be below num_epochs'):
         d2l.warmup_cosine_lr(0.2, 0, 2, 2, 0.1)
 
@@ -138,28 +141,47 @@ def test_data_parallel_timing_returns_seconds_per_step(framework, d2l):
 
 
 @pytest.mark.slow
-def test_each_epoch_of_train_ddp_starts_at_its_cosine_learning_rate(ddp, framework):
-    # One rank in this process; the epochs themselves are replaced by a probe
-    # that reads the optimizer's rate, so only the schedule is exercised.
+def test_every_step_of_train_ddp_gets_its_warm_up_and_cosine_rate(ddp,
+                                                                  framework):
+    # train_ddp's epochs are replaced by a probe that reads the schedule they
+    # get, at each epoch's start and halfway; then the real epoch runs four
+    # steps of a small model, setting the rate before each.
     init = ('d2l.local_init_method()' if framework == 'pytorch'
             else "'env://'")
-    rates = run_scenario(framework, f"""
+    seen, asked, last = run_scenario(framework, f"""
         os.environ.update(PADDLE_TRAINER_ID='0', PADDLE_TRAINERS_NUM='1')
-        seen = []
-        def probe(net, optimizer, train_iter, device, world_size, epoch):
-            seen.append(optimizer.param_groups[0]['lr']
-                        if hasattr(optimizer, 'param_groups')
-                        else optimizer.get_lr())
+        seen, asked, real = [], [], d2l._ddp_epoch
+        def probe(net, optimizer, train_iter, device, world_size, epoch,
+                  lr_at):
+            seen.append([lr_at(epoch), lr_at(epoch + 0.5)])
             return 0.0
         d2l._ddp_epoch = probe
         d2l.evaluate_accuracy_ddp = lambda *args: 0.0  # only the schedule
         d2l.train_ddp(0, 1, {init}, 4, 64, 0.2)
-        d2l.train_ddp(0, 1, {init}, 4, 64, 0.2, None, None, 1)  # warm-up
-        report(seen)
+        def lr_at(epochs_done):
+            asked.append(epochs_done)
+            return 0.05 * (1 + len(asked))
+        X, y = d2l.fashion_mnist_tensors('train')
+        with d2l.process_group(0, 1, {init}) as device:
+            net = d2l._small_mlp(0)
+            optimizer = d2l._sgd(net, 0.1)
+            real(net, optimizer, [(X[i:i + 2], y[i:i + 2])
+                                  for i in range(0, 8, 2)],
+                 device, 1, 2, lr_at)
+            last = (optimizer.param_groups[0]['lr']
+                    if hasattr(optimizer, 'param_groups')
+                    else optimizer.get_lr())
+        report([seen, asked, last])
         """)
-    expected = [ddp.cosine_lr(0.2, epoch, 4) for epoch in range(4)]
-    assert rates[:4] == pytest.approx(expected)
-    assert rates[0] == pytest.approx(0.2) and rates[3] < 0.03
-    # One process warms up from its own rate: a constant first epoch.
-    assert rates[4:] == pytest.approx(
-        [ddp.warmup_cosine_lr(0.2, epoch, 4, 1, 0.2) for epoch in range(4)])
+    expected = [ddp.cosine_lr(0.2, e + half, 4)
+                for e in range(4) for half in (0, 0.5)]
+    assert sum(seen, []) == pytest.approx(expected)
+    assert asked == [2, 2.25, 2.5, 2.75]  # before each of the four steps
+    assert last == pytest.approx(0.05 * 5)  # the rate of the last step
+
+
+def test_a_warm_up_from_half_the_rate_rises_every_step_of_its_epoch(d2l):
+    # k = 2 processes: from lr / 2 to lr over one epoch, step by step
+    rates = [d2l.warmup_cosine_lr(0.2, i / 8, 4, 1, 0.1) for i in range(9)]
+    assert all(a < b for a, b in zip(rates, rates[1:]))
+    assert rates[0] == pytest.approx(0.1) and rates[-1] == pytest.approx(0.2)

@@ -242,11 +242,17 @@ def test_learning_rate_falls_from_lr_along_half_a_cosine(d2l):
 
 
 @pytest.mark.parametrize('epoch, num_epochs', [(10, 10), (-1, 10), (0, 0),
-                                               (1.5, 10), (0, True)])
+                                               (9.5, 9), ('1', 10), (True, 10),
+                                               (0, True), (0, 2.5)])
 def test_cosine_lr_names_an_epoch_outside_the_run(d2l, epoch, num_epochs):
-    with pytest.raises(ValueError, match=r'epoch must be an integer in '
+    with pytest.raises(ValueError, match=r'epoch must be a number in '
                        r'\[0, num_epochs\).*got epoch='):
         d2l.cosine_lr(0.1, epoch, num_epochs)
+
+
+def test_a_step_s_rate_lies_between_its_epochs_rates(d2l):
+    rates = [d2l.cosine_lr(0.2, e, 10) for e in (3, 3.5, 4)]
+    assert rates[0] > rates[1] > rates[2]
 
 
 def trainable_values(framework, net):
