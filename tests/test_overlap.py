@@ -114,8 +114,9 @@ def test_summed_loss_over_all_examples_normalises_unequal_micro_batches(
 
 def test_batch_norm_makes_micro_batches_differ_from_the_large_batch(page):
     accumulate = page['accumulate']
-    whole = accumulate(page['bn_mlp'](seed=0), (64,), lambda j: 1 / 64)
-    micro = accumulate(page['bn_mlp'](seed=0), (16,) * 4, lambda j: 1 / 64)
+    bn_mlp = lambda: page['mlp'](seed=0, norm=page['batch_norm'])
+    whole = accumulate(bn_mlp(), (64,), lambda j: 1 / 64)
+    micro = accumulate(bn_mlp(), (16,) * 4, lambda j: 1 / 64)
     assert np.abs(micro - whole).max() > 1e-3
 
 
