@@ -33,6 +33,7 @@ import tempfile
 import threading
 import time
 import traceback
+import types
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 RECORD = 'd2l_outputs'  # the notebook metadata that holds a run's record
@@ -133,15 +134,22 @@ def _in_process(nb, root):
     import matplotlib
     matplotlib.use('Agg')
     sys.path.insert(0, str(root))
-    namespace, shown = {'__name__': '__main__'}, set()
-    for count, cell in enumerate(code_cells(nb), 1):
-        source = '\n'.join(line for line in join(cell['source']).splitlines()
-                           if not line.startswith(('%', '!')))  # no magics without IPython
-        cell['outputs'], failed = run_cell(source, namespace, count, shown)
-        cell['execution_count'] = count
-        if failed:
-            del nb['cells'][nb['cells'].index(cell) + 1:]  # the cells a kernel never ran
-            return nb, failed
+    # As in a kernel, the cells run in a main module without a file, so that
+    # d2l.spawn_ranks sends the functions a page defines by value.
+    main, saved = types.ModuleType('__main__'), sys.modules['__main__']
+    namespace, shown = vars(main), set()
+    sys.modules['__main__'] = main
+    try:
+        for count, cell in enumerate(code_cells(nb), 1):
+            source = '\n'.join(line for line in join(cell['source']).splitlines()
+                               if not line.startswith(('%', '!')))  # no magics without IPython
+            cell['outputs'], failed = run_cell(source, namespace, count, shown)
+            cell['execution_count'] = count
+            if failed:
+                del nb['cells'][nb['cells'].index(cell) + 1:]  # the cells a kernel never ran
+                return nb, failed
+    finally:
+        sys.modules['__main__'] = saved
     return nb, None
 
 

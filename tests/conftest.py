@@ -51,11 +51,12 @@ def tab_cells(page, tab, default_tab='pytorch'):
     return cells
 
 
-def page_definitions(page, tab, definitions):
+def page_definitions(page, tab, definitions, namespace=None):
     """A namespace after `page`'s imports cell in `tab` and its plain cells
-    (not #@save) that contain one of `definitions`."""
+    (not #@save) that contain one of `definitions`; `namespace` if given
+    (such as a module's __dict__, to define the cells in that module)."""
     cells = tab_cells(page, tab)
-    namespace = {}
+    namespace = {} if namespace is None else namespace
     exec(cells[0], namespace)
     for code in cells[1:]:
         if '#@save' not in code and any(d in code for d in definitions):
