@@ -16,8 +16,8 @@ PAGE = ROOT / 'chapter_multi_gpu' / 'profiling.md'
 WEIGHTS = 784 * 1024 + 1024 * 1024 + 1024 * 1024 + 1024 * 10
 # The cells a profiled step needs, named by what they define.
 DEFINITIONS = ('def step_flops', 'def mlp', 'def load_trace', 'def timed',
-               'def sgd_step', 'def exchanges_and_peak', 'def profile_worker',
-               'def kind_of', 'def timeline')
+               'def sgd_step', 'def exchanges_and_products',
+               'def profile_worker', 'def split_trace', 'def timeline')
 
 
 def test_step_flops_is_six_per_weight_and_example_by_hand():
@@ -64,13 +64,14 @@ def profiled_timelines(framework):
 def test_the_traces_order_backward_and_exchanges_as_the_text_says(
         framework):
     for rank in profiled_timelines(framework):
-        backward, exchanges = rank['one bucket']
+        backward, exchanges = rank['after backward']
         last = max(end for _, end in backward)
-        # one bucket: it waits for the last gradient, so it starts after
+        # one bucket (MXNet: a wait for the backward pass) starts after
         # every backward operator has ended
         assert exchanges and all(start >= last for start, _ in exchanges)
-        backward, exchanges = rank['small buckets']
+        backward, exchanges = rank['during backward']
         first = min(start for start, _ in exchanges)
-        # small buckets: the first leaves while the backward pass goes on
+        # small buckets (MXNet: a key per array, queued at once): the first
+        # leaves while the backward pass goes on
         assert len(exchanges) > 1
         assert first < max(end for _, end in backward)
