@@ -4,8 +4,8 @@
 usage: python3 scripts/gpu_run.py [--pages PAGE ...] [--out DIR] [--quick]
                                   [--timeout S]
 
-Needs only PyTorch, NumPy and matplotlib (and this repository's d2l, which it
-puts on the path). Each page runs in a process of its own, through
+Needs only PyTorch, NumPy, matplotlib and cloudpickle (and this repository's
+d2l, which it puts on the path). Each page runs in a process of its own, through
 scripts/page_runner.py: its PyTorch cells, in order, in one namespace, as a
 notebook kernel would, with the devices chosen by the book's
 one-process-per-GPU rule. For each page it writes DIR/pytorch/<page>.ipynb in
