@@ -13,13 +13,20 @@ script fixes the rest in place, deletes the theme's unused colour variants
 (43 MB), and then fails if any page, script or style sheet still loads
 anything from another host.
 
+It also gives the search page its excerpts. Opened from disk, a page may not
+fetch() another file, so Sphinx's search could list its hits only by title;
+this script writes the text of every page into _static/search-texts.js,
+which the search page loads and static/book.js serves in place of the page.
+
 It is idempotent: `make pdf` runs it again after copying the PDF into the
 HTML folder, which un-hides the PDF link.
 """
 import argparse
+import json
 import pathlib
 import re
 import sys
+from html.parser import HTMLParser
 
 from d2lbook import sphinx_template
 
@@ -167,6 +174,85 @@ def prune_theme_variants(html_dir):
             path.unlink()
 
 
+SEARCH_TEXTS = '_static/search-texts.js'
+SEARCH_TOOLS = re.compile(r'<script[^>]*src="_static/searchtools\.js\s*"')
+
+
+class _MainText(HTMLParser):
+    """The text of a page's [role=main] element, without scripts, styles and
+    the pilcrows of heading links: what Sphinx's search cuts its excerpt from."""
+
+    SKIP = ('script', 'style')
+    VOID = ('area', 'base', 'br', 'col', 'embed', 'hr', 'img', 'input', 'link',
+            'meta', 'source', 'track', 'wbr')
+    BLOCKS = ('p', 'div', 'section', 'h1', 'h2', 'h3', 'h4', 'h5', 'h6', 'li',
+              'dt', 'dd', 'td', 'th', 'pre', 'figcaption', 'blockquote')
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.depth = 0  # open elements inside main, main included
+        self.skip = 0  # open elements whose text does not count
+        self.parts = []
+
+    def handle_starttag(self, tag, attrs):
+        if tag in self.VOID:
+            return
+        attrs = dict(attrs)
+        if self.depth:
+            self.depth += 1
+            if self.skip or tag in self.SKIP or 'headerlink' in (attrs.get('class') or ''):
+                self.skip += 1
+        elif attrs.get('role') == 'main':
+            self.depth = 1
+
+    def handle_endtag(self, tag):
+        if tag in self.VOID or not self.depth:
+            return
+        self.depth -= 1
+        if self.skip:
+            self.skip -= 1
+        elif tag in self.BLOCKS:
+            self.parts.append(' ')  # "Ring" and "Each" in <h1>Ring</h1><p>Each
+
+    def handle_data(self, data):
+        if self.depth and not self.skip:
+            self.parts.append(data)
+
+    def text(self):
+        return re.sub(r'\s+', ' ', ''.join(self.parts)).strip()
+
+
+def write_search_texts(html_dir):
+    """Write every page's text into SEARCH_TEXTS; let search.html load it."""
+    texts = {}
+    for page in sorted(html_dir.rglob('*.html')):
+        relative = page.relative_to(html_dir)
+        if relative.parts[0] in ('_static', '_sources', '_images') or \
+                relative.as_posix() in ('search.html', 'genindex.html'):
+            continue
+        parser = _MainText()
+        parser.feed(page.read_text(errors='replace'))
+        texts[relative.with_suffix('').as_posix()] = parser.text()
+    # A page without a [role=main] element gets no excerpt; the browser
+    # tests' search check fails then.
+    (html_dir / SEARCH_TEXTS).write_text(
+        '// The text of every page, for the search excerpts (written by\n'
+        '// scripts/offline_html.py; read by static/book.js).\n'
+        'var BOOK_SEARCH_TEXTS = ' + json.dumps(texts, ensure_ascii=False) + ';\n')
+    search = html_dir / 'search.html'
+    if not search.exists():
+        return
+    text = search.read_text()
+    if SEARCH_TEXTS in text:
+        return
+    match = SEARCH_TOOLS.search(text)
+    if not match:
+        raise OfflineError('search.html does not load _static/searchtools.js: '
+                           'the Sphinx layout changed; update SEARCH_TOOLS')
+    tag = f'<script type="text/javascript" src="{SEARCH_TEXTS}"></script>\n  '
+    search.write_text(text[:match.start()] + tag + text[match.start():])
+
+
 def remote_loads(html_dir):
     """Every (file, url) in the output that would be fetched from another host."""
     found = []
@@ -207,6 +293,7 @@ def make_offline(html_dir):
     bibliography = html_dir / 'chapter_references' / 'zreferences.html'
     if bibliography.exists():
         fix_citation_labels(html_dir, bibliography)
+    write_search_texts(html_dir)
     found = remote_loads(html_dir)
     if found:
         lines = '\n'.join(f'  {p.relative_to(html_dir)}: {u}' for p, u in found[:20])

@@ -70,9 +70,30 @@ var select_tab = function (index) {
   }
 };
 
-/* Search. Opened from disk, a page may not fetch() another file (Chromium
-   treats every file as its own origin), so there the search page lists its
-   hits without the excerpts it would fetch from each page. */
+/* Search. Sphinx's search page fetch()es each hit's page to cut an excerpt
+   from its text. Opened from disk, a page may not fetch() another file
+   (Chromium treats every file as its own origin), so there the pages' texts
+   come from _static/search-texts.js, which scripts/offline_html.py writes
+   and the search page loads: a fetch of a page is answered from it. */
 if (window.location.protocol === 'file:' && window.DOCUMENTATION_OPTIONS) {
-  DOCUMENTATION_OPTIONS.SHOW_SEARCH_SUMMARY = false;
+  window.fetch = (function (fetchFile) {
+    return function (url) {
+      var name = String(url);
+      var root = DOCUMENTATION_OPTIONS.URL_ROOT || '';
+      if (!/\.html$/.test(name)) {
+        return fetchFile.apply(this, arguments);
+      }
+      if (root && name.indexOf(root) === 0) {
+        name = name.slice(root.length);
+      }
+      name = name.replace(/^\.\//, '').replace(/\.html$/, '');
+      var texts = window.BOOK_SEARCH_TEXTS || {};
+      var text = Object.prototype.hasOwnProperty.call(texts, name)
+        ? texts[name] : '';  // no excerpt rather than a failed load
+      var escaped = text.replace(/&/g, '&amp;').replace(/</g, '&lt;');
+      return Promise.resolve(new Response(
+        text ? '<div role="main">' + escaped + '</div>' : '',
+        {headers: {'Content-Type': 'text/html'}}));
+    };
+  }(window.fetch));
 }

@@ -91,3 +91,22 @@ def test_links_to_other_sites_are_not_loads(tmp_path):
 def test_a_folder_that_is_not_a_built_book_is_refused(tmp_path):
     with pytest.raises(offline_html.OfflineError, match='index.html is missing'):
         offline_html.make_offline(tmp_path)
+
+
+def test_search_page_gets_every_pages_text_for_its_excerpts(tmp_path):
+    html = stock_tree(tmp_path)
+    (html / 'chapter' / 'page.html').write_text(
+        '<nav>Menu</nav><div role="main"><h1>Ring<a class="headerlink" href="#r">'
+        '\u00b6</a></h1><p>Each device  sends\n<code>n/k</code> bytes.</p>'
+        '<script>var x = 1;</script><br><img src="a.png"></div><footer>Next</footer>')
+    (html / 'search.html').write_text(
+        '<head><script src="_static/doctools.js"></script>\n'
+        '  <script type="text/javascript" src="_static/searchtools.js "></script></head>')
+    for _ in range(2):  # idempotent
+        offline_html.make_offline(html)
+    texts = (html / '_static' / 'search-texts.js').read_text()
+    assert '"chapter/page": "Ring Each device sends n/k bytes."' in texts
+    assert 'Menu' not in texts and 'Next' not in texts and 'var x' not in texts
+    search = (html / 'search.html').read_text()
+    assert search.count('_static/search-texts.js') == 1
+    assert search.index('search-texts.js') < search.index('searchtools.js')

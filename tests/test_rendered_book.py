@@ -289,7 +289,8 @@ def test_tab_bar_switches_the_visible_code_between_frameworks(visit, page_path):
 
 def page_layout(page):
     """Where the page's text, right-hand table of contents and Previous/Next bar sit,
-    and the visible outputs whose lines run past their frame's right edge."""
+    the visible outputs whose lines run past their frame's right edge or into a
+    scroll box, and the code blocks with a line under their copy button."""
     return page.evaluate('''() => {
         const box = el => {
             if (!el) return null;
@@ -305,9 +306,29 @@ def page_layout(page):
             toc: box(document.querySelector('.side-doc-outline')),
             toc_links: document.querySelectorAll('.side-doc-outline a').length,
             footer: box(document.querySelector('.pagenation')),
-            cut_outputs: Array.from(document.querySelectorAll('.page-content div.output pre'))
-                .filter(pre => pre.offsetParent !== null && pre.scrollWidth > pre.clientWidth + 1)
+            cut_outputs: Array.from(document.querySelectorAll(
+                    '.page-content div.output pre, .page-content pre.output'))
+                .filter(pre => pre.offsetParent !== null && (
+                    pre.scrollWidth > pre.clientWidth + 1
+                    || pre.scrollHeight > pre.clientHeight + 1))  // a scroll box
                 .map(pre => pre.innerText.slice(0, 60)),
+            // Code whose text reaches under the copy button or past the
+            // block's visible right edge.
+            under_button: Array.from(document.querySelectorAll('.page-content a.copybtn'))
+                .map(button => [button, button.previousElementSibling])
+                .filter(([button, pre]) => pre && pre.tagName === 'PRE'
+                        && pre.getClientRects().length > 0)
+                .filter(([button, pre]) => {
+                    const b = button.getBoundingClientRect();
+                    const right = pre.getBoundingClientRect().left + pre.clientLeft
+                                  + pre.clientWidth;
+                    const range = document.createRange();
+                    range.selectNodeContents(pre);
+                    return Array.from(range.getClientRects()).some(r => r.width > 0 && (
+                        r.right > right + 0.5 || (r.bottom > b.top + 0.5
+                            && r.top < b.bottom - 0.5 && r.right > b.left + 0.5)));
+                })
+                .map(([button, pre]) => pre.innerText.slice(0, 60)),
         };
     }''')
 
@@ -329,7 +350,11 @@ def layout_problems(layout):
     elif footer['top'] < max(text['bottom'], layout['document']['bottom']) - 1:
         problems.append(f'the Previous/Next bar covers the text: {footer} vs {text}')
     if layout['cut_outputs']:  # a long line (an error message) must wrap
-        problems.append(f'outputs hide their ends past the frame: {layout["cut_outputs"]}')
+        problems.append(f'outputs hide lines past the frame or in a scroll box: '
+                        f'{layout["cut_outputs"]}')
+    if layout['under_button']:
+        problems.append(f"code runs under the copy button or past the block's edge: "
+                        f"{layout['under_button']}")
     return problems
 
 
@@ -442,8 +467,15 @@ def test_search_finds_the_sections_offline(visit):
         "document.querySelectorAll('#search-results li a').length > 0 || "
         "(typeof Search !== 'undefined' && Search._pulse_status === -1)", timeout=60000)
     hits = v.page.locator('#search-results li a').count()
+    # Each hit's excerpt, cut from the text of its page (offline too).
+    v.page.wait_for_function(
+        "document.querySelectorAll('#search-results li p.context').length > 0",
+        timeout=30000)
+    excerpts = v.page.locator('#search-results li p.context').all_inner_texts()
     v.screenshot()
     assert hits > 0, f'searching for {word!r} found nothing'
+    assert any(word.lower() in e.lower() for e in excerpts), (
+        f'the hits for {word!r} show no excerpt with the word: {excerpts[:3]}')
     assert v.foreign_requests() == [] and v.failed == [] and v.errors == [], (
         v.foreign_requests() + v.failed + v.errors)
 
@@ -625,3 +657,122 @@ def test_the_bibliography_labels_each_entry_as_the_text_cites_it(html_dir):
     differ = {labels[key]: texts for key, texts in cited.items() if {labels.get(key)} != texts}
     assert differ == {}, f'labels that differ from the citations in the text: {differ}'
 
+
+
+@pytest.mark.parametrize('page_path', book_pages() + ['search.html'])
+def test_no_page_is_wider_than_a_400_px_screen(browser, visit, page_path):
+    """A phone shows the page without scrolling sideways; wide code, tables
+    and equations scroll inside their own frames."""
+    context = browser.new_context(viewport={'width': 400, 'height': 800})
+    try:
+        v = visit(page_path, context=context)
+        wide = v.page.evaluate('''() => {
+            const content = document.querySelector('.mdl-layout__content')
+                            || document.documentElement;
+            const width = content.clientWidth;
+            const clipped = el => {
+                for (let a = el.parentElement; a && a !== content; a = a.parentElement)
+                    if (getComputedStyle(a).overflowX !== 'visible') return true;
+                return false;
+            };
+            return {
+                width: width,
+                scroll: Math.max(content.scrollWidth, document.documentElement.scrollWidth),
+                past: Array.from(content.querySelectorAll('*'))
+                    .filter(el => el.getBoundingClientRect().right > width + 0.5
+                            && !clipped(el))
+                    .map(el => `${el.tagName}.${el.className}`.slice(0, 60)).slice(0, 5),
+            };
+        }''')
+        assert wide['scroll'] <= wide['width'], (
+            f'{page_path} is {wide["scroll"] - wide["width"]} px wider than a '
+            f'{wide["width"]} px screen: {wide["past"]}')
+    finally:
+        context.close()
+
+
+OUTPUT_BLOCK = re.compile(r'<div class="output[^"]*">\s*<div class="highlight"><pre>(.*?)</pre>',
+                          re.S)
+
+
+@pytest.mark.parametrize('page_path', section_pages())
+def test_outputs_are_plain_text(html_dir, page_path):
+    """An output is shown as printed: no syntax colours, and no line joined
+    to the next where it ended in a backslash."""
+    page = (html_dir / page_path).read_text(errors='replace')
+    outputs = OUTPUT_BLOCK.findall(page)
+    assert outputs, f'{page_path} shows no output block: the pattern no longer matches'
+    coloured = [html_lib.unescape(re.sub(r'<[^>]+>', '', o))[:60] for o in outputs
+                if re.search(r'<span class="', o)]
+    assert coloured == [], f'{page_path} highlights outputs as code: {coloured[:3]}'
+    assert '<pre class="output' not in page, f'{page_path} has a parsed-literal output'
+    shown = '\n'.join(html_lib.unescape(re.sub(r'<[^>]+>', '', o)) for o in outputs)
+    for tab in FRAMEWORKS:
+        stored = ROOT / 'outputs' / tab / pathlib.Path(page_path).with_suffix('.ipynb')
+        if not stored.exists():
+            continue
+        for cell in json.loads(stored.read_text())['cells']:
+            for output in cell.get('outputs', []):
+                for line in ''.join(output.get('text', '')).splitlines():
+                    if line.rstrip().endswith('\\'):
+                        assert line.rstrip() in shown, (
+                            f'{page_path} [{tab}] lost the output line {line.strip()!r}')
+
+
+def text_outside(path, elements=('script', 'style', 'pre', 'code', 'textarea')):
+    """A built page's text, math included, without the named elements."""
+    body = path.read_text(errors='replace')
+    for element in elements:
+        body = re.sub(rf'<{element}\b.*?</{element}>', '', body, flags=re.S)
+    return html_lib.unescape(re.sub(r'<[^>]+>', '', body))
+
+
+@pytest.mark.parametrize('page_path', book_pages())
+def test_no_raw_tex_escape_or_doubled_reference_parentheses(html_dir, page_path):
+    """No `world\\_size` (a TeX escape) and no `((1.8.2.1))` (parentheses
+    around an equation reference, which brings its own), in text or math."""
+    text = text_outside(html_dir / page_path)
+    escapes = re.findall(r'.{0,30}\\_.{0,30}', text)
+    assert escapes == [], f'{page_path} shows raw TeX escapes: {escapes[:3]}'
+    doubled = re.findall(r'.{0,30}(?<!\\)\(\s*\(\d.{0,30}', text)  # not \( of math
+    assert doubled == [], f'{page_path} doubles a reference\'s parentheses: {doubled[:3]}'
+
+
+@pytest.mark.parametrize('page_path', section_pages())
+def test_every_tab_has_something_to_say(html_dir, page_path):
+    """A tab shows code or prose of its own, never a note that it has none."""
+    text = re.sub(r'\s+', ' ', page_text(html_dir / page_path))
+    empty = re.findall(r'[^.]*\b(?:adds no code|no code here|nothing to add)\b[^.]*', text)
+    assert empty == [], f'{page_path}: {empty}'
+
+
+@pytest.mark.parametrize('page_path', section_pages())
+def test_exercises_ask_for_each_frameworks_own_launcher(rendered, page_path):
+    """The exercises a reader sees in the MXNet or PaddlePaddle tab do not
+    ask for torchrun."""
+    page = rendered(page_path).page
+    seen = {}
+    for framework in FRAMEWORKS:
+        seen[framework] = page.evaluate('''name => { bookShowTab(name);
+            const heading = Array.from(document.querySelectorAll('.page-content h2'))
+                .find(h => h.textContent.includes('Exercises'));
+            return heading ? heading.closest('section, div.section').innerText : null;
+        }''', framework)
+    page.evaluate('name => bookShowTab(name)', FRAMEWORKS[0])
+    if seen['pytorch'] is None:
+        pytest.skip(f'{page_path} has no exercises')
+    for framework in ('mxnet', 'paddle'):
+        assert 'torchrun' not in seen[framework], (
+            f"{page_path}: the {framework} tab's exercises ask for torchrun")
+
+
+def test_figures_number_devices_from_zero_as_ranks_are(html_dir):
+    """A figure that numbers its devices starts at device 0, as the code does."""
+    wrong = {}
+    for svg in sorted((html_dir / '_images').glob('*.svg')):
+        labels = re.findall(r'<text[^>]*>([^<]*)</text>', svg.read_text(errors='replace'))
+        numbers = {int(n) for label in labels
+                   for n in re.findall(r'\b(?:device|GPU|rank|worker) (\d+)\b', label)}
+        if numbers and min(numbers) != 0:
+            wrong[svg.name] = sorted(numbers)
+    assert wrong == {}, f'figures that number devices from 1: {wrong}'
