@@ -78,6 +78,8 @@ EXCEPTIONS = {
         "ResNet-18's multiply-adds per parameter, counted from its layers",
     ('chapter_multi_gpu/multiple-gpus-concise.md', '*', '7'):
         "LeNet's multiply-adds per parameter, counted from its layers",
+    ('chapter_multi_gpu/overlap.md', '*', '25'):
+        "PyTorch DDP's default bucket cap in MB, from the cited paper",
     ('chapter_multi_gpu/ddp-resnet18.md', '*', '90'):
         "Goyal et al.'s training run, from the cited paper",
     ('chapter_multi_gpu/ddp-resnet18.md', '*', '1.28'):
