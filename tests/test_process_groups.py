@@ -246,7 +246,15 @@ def test_paddle_group_names_a_bad_variable_before_joining(
             pass
 
 
-def test_spawn_ranks_rejects_bad_input_before_starting_anything(ddp):
+def test_spawn_ranks_rejects_bad_input_before_starting_anything(
+        ddp, monkeypatch, tmp_path):
+    # as in a script, whose main module has a file (pytest-xdist's has none,
+    # and code without a file travels by value, lambdas included)
+    import types
+    main = types.ModuleType('__main__')
+    main.__file__ = str(tmp_path / 'script.py')
+    (tmp_path / 'script.py').write_text('import d2l\n')
+    monkeypatch.setitem(sys.modules, '__main__', main)
     with pytest.raises(ValueError, match='world_size must be at least 1'):
         ddp.spawn_ranks(ddp.all_reduce_demo, 0)
     with pytest.raises(ValueError, match='world_size must be an integer'):
@@ -255,7 +263,7 @@ def test_spawn_ranks_rejects_bad_input_before_starting_anything(ddp):
         ddp.spawn_ranks(ddp.all_reduce_demo, 2, silence_s=0)
     with pytest.raises(TypeError, match='worker must be a function'):
         ddp.spawn_ranks('all_reduce_demo', 2)
-    # A lambda cannot be found by name in a new process.
+    # A script's lambda cannot be found by name in a new process.
     with pytest.raises(ValueError, match='worker cannot be sent'):
         ddp.spawn_ranks(lambda rank, world_size: rank, 2)
     with pytest.raises(ValueError, match='args cannot be sent'):
