@@ -427,6 +427,13 @@ def _all_reduce_worker(rank, world_size, init_method, sizes, reps, calls):
             npx.waitall)
 
 
+def job_store():
+    """The dist_sync key-value store of the process_group this worker is in."""
+    d2l.check(d2l._STORES, 'job_store() is for a worker inside '
+              'd2l.process_group, which opens the job\'s store')
+    return d2l._STORES[-1]
+
+
 def _all_reduce_rounds(bufs, reps, calls, sync):
     """Seconds per push and pull of each buffer in alternating rounds."""
     kv = d2l._STORES[-1]

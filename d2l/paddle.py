@@ -643,10 +643,10 @@ def train_concise_worker(net_fn, seed, num_epochs, batch_size, lr, folder):
                                               optimizer, [device])
         record['epoch_seconds'].append(timer.stop())
         m = len(test_iter.dataset)  # this process's test images
-        d2l._share_rank0_statistics(model._layers, world)  # one BN state
+        _share_rank0_statistics(model._layers, world)  # one BN state
         acc = d2l.evaluate_accuracy_gpus(model._layers, test_iter,
                                          devices=[device])
-        sums = d2l._sum_over_ranks([loss_sum, n, acc * m, m], device, world)
+        sums = _sum_over_ranks([loss_sum, n, acc * m, m], device, world)
         record['train_loss'].append(sums[0] / sums[1])
         record['test_acc'].append(sums[2] / sums[3])
     if rank == 0:
