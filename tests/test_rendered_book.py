@@ -719,19 +719,12 @@ def test_outputs_are_plain_text(html_dir, page_path):
                             f'{page_path} [{tab}] lost the output line {line.strip()!r}')
 
 
-def text_outside(path, elements=('script', 'style', 'pre', 'code', 'textarea')):
-    """A built page's text, math included, without the named elements."""
-    body = path.read_text(errors='replace')
-    for element in elements:
-        body = re.sub(rf'<{element}\b.*?</{element}>', '', body, flags=re.S)
-    return html_lib.unescape(re.sub(r'<[^>]+>', '', body))
-
-
 @pytest.mark.parametrize('page_path', book_pages())
 def test_no_raw_tex_escape_or_doubled_reference_parentheses(html_dir, page_path):
     """No `world\\_size` (a TeX escape) and no `((1.8.2.1))` (parentheses
     around an equation reference, which brings its own), in text or math."""
-    text = text_outside(html_dir / page_path)
+    text = page_text(html_dir / page_path,  # prose and math, no code
+                     ('script', 'style', 'pre', 'code', 'textarea'))
     escapes = re.findall(r'.{0,30}\\_.{0,30}', text)
     assert escapes == [], f'{page_path} shows raw TeX escapes: {escapes[:3]}'
     doubled = re.findall(r'.{0,30}(?<!\\)\(\s*\(\d.{0,30}', text)  # not \( of math
