@@ -203,9 +203,8 @@ def start_spawned_process(folder):
     dist.init_parallel_env()  # also makes this process's GPU the current one
     world = dist.get_world_size()
     device = paddle.get_device()  # 'gpu:<rank's GPU>' or 'cpu'
-    if device == 'cpu':  # the processes share the cores
-        threads = max(1, (os.cpu_count() or 1) // world)
-        paddle.base.core.set_num_threads(threads)
+    if device == 'cpu':  # a device is a core: one thread, on core `rank`
+        d2l.use_one_core(rank)
     return rank, world, device
 
 

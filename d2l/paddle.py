@@ -634,14 +634,17 @@ def train_concise_worker(net_fn, seed, num_epochs, batch_size, lr, folder):
     optimizer = paddle.optimizer.SGD(learning_rate=lr,
                                      parameters=model.parameters())
     loss, timer = nn.CrossEntropyLoss(), d2l.Timer()
-    record = dict(device=device, train_loss=[], test_acc=[], epoch_seconds=[])
+    record = dict(device=device, train_loss=[], test_acc=[], epoch_s=[])
+    record['data'] = d2l.describe_mode(  # the images that all processes see
+        d2l.quick_mode(d2l.num_gpus()), len(sampler.dataset),
+        len(test_iter.dataset.dataset))
     for epoch in range(num_epochs):
         sampler.set_epoch(epoch)  # a new shuffle, the same on every process
         d2l.set_learning_rate(optimizer, d2l.cosine_lr(lr, epoch, num_epochs))
         timer.start()
         loss_sum, n = d2l.train_epoch_concise(model, shard_iter, loss,
                                               optimizer, [device])
-        record['epoch_seconds'].append(timer.stop())
+        record['epoch_s'].append(timer.stop())
         m = len(test_iter.dataset)  # this process's test images
         _share_rank0_statistics(model._layers, world)  # one BN state
         acc = d2l.evaluate_accuracy_gpus(model._layers, test_iter,
