@@ -706,3 +706,34 @@ def test_one_and_two_device_runs_share_minibatch_and_rate(page):
     assert all(len(found) == 2 for found in calls.values()), calls
     assert len({line for found in calls.values() for line in found}) == 1, \
         calls
+
+
+@pytest.mark.parametrize('tab', ['pytorch', 'mxnet', 'paddle'])
+def test_two_devices_train_an_epoch_faster_than_one_in_the_stored_outputs(tab):
+    """Issue 49: on the page, each tab's two-device run takes less time per
+    epoch than its one-device run, says how many images it trained on, and
+    names two processes (a core each) when no GPU was found."""
+    import json
+    notebook = json.loads((pathlib.Path(__file__).resolve().parent.parent /
+                           'outputs' / tab / 'chapter_multi_gpu' /
+                           'multiple-gpus-concise.ipynb').read_text())
+    runs = {}
+    for cell in notebook['cells']:
+        source = ''.join(cell.get('source', ''))
+        found = re.match(r'train\(num_gpus=(\d)', source)
+        if cell['cell_type'] == 'code' and found:
+            text = ''.join(''.join(o.get('text', ''))
+                           for o in cell.get('outputs', []))
+            runs[int(found.group(1))] = text
+    assert sorted(runs) == [1, 2], runs
+    seconds = {}
+    for k, text in runs.items():
+        assert re.search(r'\d+ training and \d+ test images', text), text
+        timed = re.search(r'test accuracy [\d.]+, ([\d.]+) s/epoch; (.*)',
+                          text)
+        assert timed, text
+        seconds[k] = float(timed.group(1))
+        if 'no GPU found' in timed.group(2):
+            assert timed.group(2).startswith(
+                f'{k} process{"es" if k > 1 else ""} on the CPU, one core')
+    assert seconds[2] < seconds[1], seconds
