@@ -635,9 +635,8 @@ def train_concise_worker(net_fn, seed, num_epochs, batch_size, lr, folder):
                                      parameters=model.parameters())
     loss, timer = nn.CrossEntropyLoss(), d2l.Timer()
     record = dict(device=device, train_loss=[], test_acc=[], epoch_s=[])
-    record['data'] = d2l.describe_mode(  # the images that all processes see
-        d2l.quick_mode(d2l.num_gpus()), len(sampler.dataset),
-        len(test_iter.dataset.dataset))
+    record['data'] = d2l.describe_mode(d2l.quick_mode(d2l.num_gpus()), len(
+        sampler.dataset), len(test_iter.dataset.dataset))  # all processes'
     for epoch in range(num_epochs):
         sampler.set_epoch(epoch)  # a new shuffle, the same on every process
         d2l.set_learning_rate(optimizer, d2l.cosine_lr(lr, epoch, num_epochs))
