@@ -5,6 +5,7 @@ the distinct contexts cpu(0), ..., cpu(k-1) in MXNet; PaddlePaddle's
 multi-process training really starts k processes (Gloo on the CPU).
 """
 import importlib
+import json
 import math
 import pathlib
 import re
@@ -12,8 +13,8 @@ import re
 import numpy as np
 import pytest
 
-from conftest import (FRAMEWORKS, MODULES, cpu_devices, needs_mxnet, numpy,
-                      tab_cells, tensor)
+from conftest import (FRAMEWORKS, MODULES, ROOT, cpu_devices, needs_mxnet,
+                      numpy, tab_cells, tensor)
 
 
 def built_resnet(framework, d2l, devices=None, **kwargs):
@@ -713,9 +714,7 @@ def test_two_devices_train_an_epoch_faster_than_one_in_the_stored_outputs(tab):
     """Issue 49: on the page, each tab's two-device run takes less time per
     epoch than its one-device run, says how many images it trained on, and
     names two processes (a core each) when no GPU was found."""
-    import json
-    notebook = json.loads((pathlib.Path(__file__).resolve().parent.parent /
-                           'outputs' / tab / 'chapter_multi_gpu' /
+    notebook = json.loads((ROOT / 'outputs' / tab / 'chapter_multi_gpu' /
                            'multiple-gpus-concise.ipynb').read_text())
     runs = {}
     for cell in notebook['cells']:
