@@ -516,6 +516,35 @@ def ddp_script_path(framework=None):
     return _script_path('mxnet' if framework is None else framework)
 
 
+# The pipeline page's per-framework parts (run_device, run_pipeline)
+def _grads(layers):
+    """The parameters' gradients as NumPy arrays, then cleared."""
+    params = [p for layer in layers for p in layer.collect_params().values()]
+    grads = [p.grad().asnumpy() for p in params]
+    for p in params:
+        p.grad()[:] = 0
+    return grads
+
+
+def _leaf(x):
+    """A copy of x that collects its own gradient: a block's input."""
+    x = x.detach()
+    x.attach_grad()
+    return x
+
+
+_thread_setup = lambda: npx.set_np()  # MXNet's NumPy interface is per thread
+_sync = lambda x: x.wait_to_read()  # MXNet computes asynchronously
+
+
+def _place(stages, device):
+    """Move the layers of `stages`, a dict stage -> layers, to `device`."""
+    for layers in stages.values():
+        for layer in layers:
+            layer.collect_params().reset_ctx(device)
+    return stages
+
+
 # Last: the generated module imports this one at its top. Imported first
 # (as unpickling a worker of this module does), this one is star-imported
 # while incomplete, and _adopt completes the generated module.

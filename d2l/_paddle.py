@@ -341,6 +341,36 @@ def ddp_script_path(framework=None):
     return _script_path('paddle' if framework is None else framework)
 
 
+# The pipeline page's per-framework parts (run_device, run_pipeline)
+def _grads(layers):
+    """The parameters' gradients as NumPy arrays, then cleared."""
+    params = [p for layer in layers for p in layer.parameters()]
+    grads = [p.grad.numpy() for p in params]
+    for p in params:
+        p.clear_gradient()
+    return grads
+
+
+def _leaf(x):
+    """A copy of x that collects its own gradient: a block's input."""
+    x = x.detach()
+    x.stop_gradient = False
+    return x
+
+
+_thread_setup = lambda: None  # nothing to prepare in a new thread
+_sync = lambda x: x.place.is_gpu_place() and paddle.device.synchronize()
+_rendezvous = lambda: 'env://'  # spawn_ranks describes the group
+
+
+def _place(stages, device):
+    """Move the layers of `stages`, a dict stage -> layers, to `device`."""
+    for layers in stages.values():
+        for layer in layers:
+            layer.to(device=device)
+    return stages
+
+
 # Last: the generated module imports this one at its top. Imported first
 # (as unpickling a worker of this module does), this one is star-imported
 # while incomplete, and _adopt completes the generated module.

@@ -202,6 +202,30 @@ def ddp_script_path(framework=None):
     return _script_path('torch' if framework is None else framework)
 
 
+# The pipeline page's per-framework parts (run_device, run_pipeline)
+def _grads(layers):
+    """The parameters' gradients as NumPy arrays, then cleared."""
+    params = [p for layer in layers for p in layer.parameters()]
+    grads = [p.grad.cpu().numpy() for p in params]
+    for p in params:
+        p.grad = None
+    return grads
+
+
+_leaf = lambda x: x.detach().requires_grad_()  # a block's own input copy
+_thread_setup = lambda: None  # nothing to prepare in a new thread
+_sync = lambda x: x.is_cuda and torch.cuda.synchronize(x.device)
+_rendezvous = lambda: d2l.local_init_method()  # for time_pipeline
+
+
+def _place(stages, device):
+    """Move the layers of `stages`, a dict stage -> layers, to `device`."""
+    for layers in stages.values():
+        for layer in layers:
+            layer.to(device)
+    return stages
+
+
 # Last: the generated module imports this one at its top. Imported first
 # (as unpickling a worker of this module does), this one is star-imported
 # while incomplete, and _adopt completes the generated module.

@@ -1487,101 +1487,82 @@ def pipeline_schedule(kind, num_stages, num_microbatches):
     orders = []
     for s in range(p):
         ahead = m if kind == 'gpipe' else min(p - 1 - s, m)
-        order = [('F', i) for i in range(ahead)]
+        order = [(s, 'F', i) for i in range(ahead)]
         for i in range(m - ahead):  # one forward, one backward
-            order += [('F', ahead + i), ('B', i)]
-        orders.append(order + [('B', i) for i in range(m - ahead, m)])
+            order += [(s, 'F', ahead + i), (s, 'B', i)]
+        orders.append(order + [(s, 'B', i) for i in range(m - ahead, m)])
     return _interleave(orders)
 
-def check_schedule(schedule, num_stages, num_microbatches):
-    """Refuse a schedule that misses, repeats or misorders a step.
+def _weight_grad(layer, out, grad):
+    """W for one block: add its weights' gradients from its output's.
 
     Defined in :numref:`sec_pipeline`"""
-    d2l.check_steps(schedule, num_stages, num_microbatches)
-    p, m = num_stages, num_microbatches
-    steps = {(s, op, i) for s in range(p) for op in 'FB' for i in range(m)}
-    schedule = [tuple(t) if isinstance(t, (tuple, list)) else t
-                for t in schedule]
-    for j, step in enumerate(schedule):
-        if step not in steps or step in schedule[:j]:
-            raise ValueError(f'step {step!r} ' + (
-                'appears twice' if step in steps else f"is not (stage < {p}"
-                f", 'F' or 'B', micro-batch < {m})"))
-    if steps - set(schedule):
-        raise ValueError(f'the schedule never runs step(s) '
-                         f'{sorted(steps - set(schedule))}')
-    for j, step in enumerate(schedule):
-        missing = [n for n in _needs(*step, p) if n not in schedule[:j]]
-        if missing:
-            raise ValueError(f'step {step!r} comes before {missing[0]!r}, '
-                             f'which it needs')
+    grads = _one_at_a_time(paddle.grad, out, layer.parameters(), grad)
+    for p, g in zip(layer.parameters(), grads):
+        p.grad = g if p.grad is None else p.grad + g
 
-def _grads(layers):
-    """The parameters' gradients as NumPy arrays, then cleared.
-
-    Defined in :numref:`sec_pipeline`"""
-    params = [p for layer in layers for p in layer.parameters()]
-    grads = [p.grad.numpy() for p in params]
-    for p in params:
-        p.clear_gradient()
-    return grads
-
-_place = lambda layers, device: [l.to(device=device) for l in layers]
-_thread_setup = lambda: None  # nothing to prepare in a new thread
-_sync = lambda x: x.place.is_gpu_place() and paddle.device.synchronize()
-_rendezvous = lambda: 'env://'  # spawn_ranks describes the group
+_input_grad = lambda out, x, grad: _one_at_a_time(  # W needs the graph
+    paddle.grad, out, x, grad, retain_graph=True)[0]
 
 def _forward(layers, x, y, num_examples):
-    """Record a forward pass of `layers`, with the loss if y is given.
+    """Forward pass, each block on a copy of its input: (input, output)s.
 
     Defined in :numref:`sec_pipeline`"""
-    _track(x)  # x is a fresh copy: it collects the gradient to pass back
-    outs = []
-    with _record():
-        for layer in layers:
-            outs.append(layer(outs[-1] if outs else x))
-        if y is not None:
-            outs.append(cross_entropy_sum(outs[-1], y) / num_examples)
-    _sync(outs[-1])
-    return x, outs
+    loss = lambda scores: cross_entropy_sum(scores, y) / num_examples
+    pairs = []
+    for f in list(layers) + ([loss] if y is not None else []):
+        x_in = _leaf(x)
+        with _record():
+            x = f(x_in)
+        pairs.append((x_in, x))
+    _sync(x)
+    return pairs
 
-def _backward(x, out, grad):
-    """Backward pass from `out` with gradient `grad`; x's gradient.
-
-    Defined in :numref:`sec_pipeline`"""
-    out.backward(grad)
-    _sync(x.grad)
-    return x.grad
-
-def run_stage(layers, stage, num_stages, steps, Xs, ys, device, send, recv):
-    """Run one stage's steps (op, micro-batch); times, peak bytes, loss.
+def _backward(layers, pairs, grad):
+    """B: the stage input's gradient; and W, a function for the weights'.
 
     Defined in :numref:`sec_pipeline`"""
-    d2l.check_stage_number(stage, num_stages)
-    last, n = stage == num_stages - 1, sum(x.shape[0] for x in Xs)
-    held, held_bytes, peak, loss, times = {}, 0, 0, 0.0, []
-    for op, i in steps:
+    grads = []
+    for x_in, out in reversed(pairs):
+        grads.insert(0, grad)
+        grad = _input_grad(out, x_in, grad)
+    _sync(grad)
+    def weights():  # W: each block's weights from its output's gradient
+        for layer, (_, out), g in zip(layers, pairs, grads):
+            _weight_grad(layer, out, g)
+        _sync(pairs[0][0])
+    return grad, weights
+
+def run_device(stages, num_stages, steps, Xs, ys, device, send, recv):
+    """Run a device's steps on its stages {s: layers}: times, bytes, loss.
+
+    Defined in :numref:`sec_pipeline`"""
+    d2l.check_device_steps(stages, num_stages, steps)
+    n, split = sum(x.shape[0] for x in Xs), any(t[1] == 'W' for t in steps)
+    size = lambda pairs: 4 * sum(math.prod(t.shape) for t in [  # fp32
+        pairs[0][0], *(out for _, out in pairs)])
+    held, weights, now, peak, loss, times = {}, {}, 0, 0, 0.0, []
+    for s, op, i in steps:
+        last = s == num_stages - 1
+        x = recv(s + 1, 'B', i) if op == 'B' and not last else None
+        if op == 'F':  # x: what the step receives
+            x = Xs[i] if s == 0 else recv(s - 1, 'F', i)
+        start = time.perf_counter()
+        x = None if x is None else d2l.copy_to(x, device)
         if op == 'F':
-            x = Xs[i] if stage == 0 else recv(stage - 1, 'F', i)
-            start = time.perf_counter()
             y = d2l.copy_to(ys[i], device) if last else None
-            x, outs = _forward(layers, d2l.copy_to(x, device), y, n)
-            nbytes = 4 * sum(math.prod(t.shape) for t in [x, *outs])  # fp32
-            held[i], held_bytes = (x, outs[-1], nbytes), held_bytes + nbytes
-            peak = max(peak, held_bytes)
-            loss += float(outs[-1].detach()) if last else 0.0
-            times.append((stage, op, i, start, time.perf_counter()))
-            if not last:
-                send(stage + 1, 'F', i, outs[-1])
-        else:
-            grad = None if last else recv(stage + 1, 'B', i)
-            start = time.perf_counter()
-            x, out, nbytes = held.pop(i)
-            g = _backward(x, out, None if last else d2l.copy_to(grad, device))
-            held_bytes -= nbytes
-            times.append((stage, op, i, start, time.perf_counter()))
-            if stage > 0:
-                send(stage - 1, 'B', i, g)
+            held[s, i] = _forward(stages[s], x, y, n)
+            now, out = now + size(held[s, i]), held[s, i][-1][1]
+            peak = max(peak, now)
+            loss += float(out.detach()) if last else 0.0
+        elif op == 'B':  # out: the gradient of the stage's input
+            out, weights[s, i] = _backward(stages[s], held[s, i], x)
+        if op == 'W' or op == 'B' and not split:
+            weights.pop((s, i))()
+            now -= size(held.pop((s, i)))
+        times.append((s, op, i, start, time.perf_counter()))
+        if op == 'F' and not last or op == 'B' and s > 0:
+            send(s + 1 if op == 'F' else s - 1, op, i, out)
     return {'times': times, 'peak_bytes': peak, 'loss': loss}
 
 def split_microbatches(X, y, num_microbatches):
@@ -1593,86 +1574,112 @@ def split_microbatches(X, y, num_microbatches):
     parts = [(sum(sizes[:j]), sum(sizes[:j + 1])) for j in range(len(sizes))]
     return [X[lo:hi] for lo, hi in parts], [y[lo:hi] for lo, hi in parts]
 
-def run_pipeline(stages, schedule, X, y, num_microbatches, timeout_s=60.0):
-    """Run `schedule` with a thread per stage; times, peak bytes, loss.
+def run_pipeline(stages, schedule, X, y, num_microbatches, timeout_s=60.0,
+                 num_devices=None):
+    """Run `schedule` with a thread per device; times, bytes, loss, grads.
 
     Defined in :numref:`sec_pipeline`"""
     d2l.check_stages(stages, timeout_s)
-    p = len(stages)
-    check_schedule(schedule, p, num_microbatches)
+    S, p = len(stages), num_devices or len(stages)
+    d2l.check_count(p, 'num_devices', 1)
+    d2l.check_schedule(schedule, S, num_microbatches)
     Xs, ys = split_microbatches(X, y, num_microbatches)
-    devices, failed, records, errors = try_gpus(p), threading.Event(), \
-        [None] * p, []
-    send, recv = _queue_link(p, num_microbatches, timeout_s, failed)
-    def body(s):
+    devices, failed = try_gpus(p), threading.Event()
+    send, recv = _queue_link(S, num_microbatches, timeout_s, failed)
+    def device(d):  # device d holds stages d, d + p, ...
         _thread_setup()
-        device = devices[s % len(devices)]
-        try:
-            _place(stages[s], device)
-            records[s] = run_stage(stages[s], s, p, [
-                (op, i) for st, op, i in schedule if st == s], Xs, ys,
-                device, send, recv)
-        except BaseException as error:
-            errors.append((isinstance(error, TimeoutError), s, error))
-            failed.set()
-    threads = [threading.Thread(target=body, args=(s,), daemon=True)
-               for s in range(p)]
-    for t in threads:
-        t.start()
-    for t in threads:  # a bound for the whole run
-        t.join(timeout_s * (2 * num_microbatches + 1))
-    if errors or any(t.is_alive() for t in threads):  # the cause, not a wait
-        _, s, error = min(errors, default=(0, '?', 'deadline passed'))
-        raise RuntimeError(f'stage {s} failed: {error}')
-    return _merge(records, _live_grads(stages))
+        where = devices[d % len(devices)]
+        mine = _place({s: stages[s] for s in range(d, S, p)}, where)
+        return run_device(mine, S, [t for t in schedule if t[0] % p == d],
+                          Xs, ys, where, send, recv)
+    records = _in_threads(device, p, failed, timeout_s * (len(schedule) + 1))
+    record = _merge(records, _live_grads(stages))
+    record['grads'] = [g for layers in stages for g in _grads(layers)]
+    return record
 
 def _pipeline_worker(rank, world_size, init_method, runs, X, y, depth, width,
                      timeout_s):
-    """Worker: run each (schedule, m) of `runs` as stage `rank`.
+    """Worker: run each (schedule, m) of `runs` as device `rank`.
 
     Defined in :numref:`sec_pipeline`"""
     with process_group(rank, world_size, init_method) as device:
-        stages = split_stages(pipeline_mlp(depth, width), world_size)
-        X, y = tensor(X), tensor(y)
-        shapes = {m: [_stage_shapes(stages, x) for x in
-                      split_microbatches(X, y, m)[0]] for _, m in runs}
-        _place(stages[rank], device)
-        records = []
-        for schedule, m in runs:
+        X, y, records = tensor(X), tensor(y), []
+        for schedule, m in runs:  # the same model, cut into S stages
+            S = 1 + max(s for s, _, _ in schedule)
+            stages = split_stages(pipeline_mlp(depth, width), S)
             Xs, ys = split_microbatches(X, y, m)
-            send, recv, finish = _p2p_link(shapes[m], timeout_s, device)
-            dist.barrier()  # the stages start each run together
-            records.append(run_stage(stages[rank], rank, world_size, [
-                (op, i) for s, op, i in schedule if s == rank], Xs, ys,
+            mine = _place({s: stages[s] for s in range(rank, S, world_size)},
+                          device)
+            send, recv, finish = _p2p_link(schedule, [
+                _stage_shapes(stages, x) for x in Xs], timeout_s, device)
+            dist.barrier()  # the devices start each run together
+            records.append(run_device(mine, S, [
+                t for t in schedule if t[0] % world_size == rank], Xs, ys,
                 device, send, recv))
             finish()
-            grads = _grads(stages[rank])
-        records[-1]['grads'] = grads
+        records[-1]['grads'] = {s: _grads(l) for s, l in mine.items()}
         return records
 
-def time_pipeline(runs, num_stages, X, y, depth, width, timeout_s=60.0):
-    """Run each (schedule, m) of `runs` with a process per stage.
+def time_pipeline(runs, num_devices, X, y, depth, width, timeout_s=60.0):
+    """Run each (schedule, m) of `runs` with a process per device.
 
     Defined in :numref:`sec_pipeline`"""
     d2l.check_number(timeout_s, 'timeout_s', positive=True)
-    d2l.check_pipeline_runs(runs, num_stages, X, y, depth, width)
-    ranks = spawn_ranks(_pipeline_worker, num_stages, _rendezvous(), runs,
-                        X.cpu().numpy(), y.cpu().numpy(), depth, width,
-                        timeout_s)
-    grads = [g for r in ranks for g in r[-1]['grads']]
-    records = [_merge([r[j] for r in ranks], grads, 'time_pipeline')
-               for j in range(len(runs))]
-    records[-1]['grads'] = grads
-    return records
+    d2l.check_pipeline_runs(runs, num_devices, X, y, depth, width)
+    return _merge_runs(spawn_ranks(
+        _pipeline_worker, num_devices, _rendezvous(), runs, X.cpu().numpy(),
+        y.cpu().numpy(), depth, width, timeout_s))
 
-def idle_fraction(times):
-    """Share of the stages' time in a run that no step used.
+def idle_fraction(times, num_devices=None):
+    """Share of the devices' time in a run that no step used.
 
     Defined in :numref:`sec_pipeline`"""
     d2l.check_run_times(times)
+    p = num_devices or len({t[0] for t in times})  # default: one per stage
     span = max(t[4] for t in times) - min(t[3] for t in times)
     busy = sum(end - start for *_, start, end in times)
-    return 1 - busy / (len({t[0] for t in times}) * span)
+    return 1 - busy / (p * span)
+
+def interleaved_schedule(num_devices, num_chunks, num_microbatches):
+    """Steps of interleaved 1F1B: device d holds stages d, d + p, ...
+
+    Defined in :numref:`sec_pipeline`"""
+    d2l.check_count(num_devices, 'num_devices', 1)
+    d2l.check_count(num_chunks, 'num_chunks', 1)
+    d2l.check_count(num_microbatches, 'num_microbatches', 1)
+    p, v, m = num_devices, num_chunks, num_microbatches
+    if m % p:
+        raise ValueError(f'num_microbatches={m} must be a multiple of '
+                         f'num_devices={p}: they go round in groups of {p}')
+    def step(d, k, op):  # device d's k-th forward or backward step
+        chunk = k % (p * v) // p
+        chunk = v - 1 - chunk if op == 'B' else chunk
+        return (chunk * p + d, op, k // (p * v) * p + k % p)
+    orders = []
+    for d in range(p):
+        n, ahead = m * v, min(2 * (p - 1 - d) + (v - 1) * p, m * v)
+        order = [step(d, k, 'F') for k in range(ahead)]
+        for k in range(n - ahead):
+            order += [step(d, ahead + k, 'F'), step(d, k, 'B')]
+        orders.append(order + [step(d, k, 'B') for k in range(n - ahead, n)])
+    return _interleave(orders)
+
+def zero_bubble_schedule(num_stages, num_microbatches):
+    """1F1B with W steps of their own; stage s runs each s B steps late.
+
+    Defined in :numref:`sec_pipeline`"""
+    one = pipeline_schedule('1f1b', num_stages, num_microbatches)
+    orders = []
+    for s in range(num_stages):
+        order, waiting = [], []
+        for step in [t for t in one if t[0] == s]:
+            order.append(step)
+            if step[1] == 'B':  # its W waits for s more B steps
+                waiting.append((s, 'W', step[2]))
+                if len(waiting) > s:
+                    order.append(waiting.pop(0))
+        orders.append(order + waiting)
+    return _interleave(orders)
 
 class CountingAllreduce:
     """Sums tensors in place over the ranks of `group`; counts the bytes."""

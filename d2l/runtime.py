@@ -1139,6 +1139,8 @@ def _script_path(framework):
 
 def _needs(stage, op, i, num_stages):
     """The steps that must run before step (stage, op, i)."""
+    if op == 'W':  # the weights' gradients need the output's gradient
+        return [(stage, 'B', i)]
     if op == 'F':
         return [(stage - 1, 'F', i)] if stage > 0 else []
     after = [(stage + 1, 'B', i)] if stage < num_stages - 1 else []
@@ -1146,15 +1148,18 @@ def _needs(stage, op, i, num_stages):
 
 
 def _interleave(orders):
-    """The stages' orders as one list, each stage stepping when it can."""
-    done, schedule, p = set(), [], len(orders)
+    """The devices' orders of steps (stage, op, micro-batch) as one list,
+    each device stepping when it can."""
+    done, schedule = set(), []
+    num_stages = 1 + max(step[0] for order in orders for step in order)
     while any(orders):
-        ready = [(s, *order[0]) for s, order in enumerate(orders)
-                 if order and all(n in done for n in _needs(s, *order[0], p))]
+        ready = [order[0] for order in orders if order and all(
+            n in done for n in _needs(*order[0], num_stages))]
         if not ready:
-            raise ValueError('the stages wait on each other')
-        for step in ready:
-            orders[step[0]].pop(0)
+            raise ValueError('the devices wait on each other')
+        for order in orders:
+            if order and order[0] in ready:
+                order.pop(0)
         done.update(ready)
         schedule += ready
     return schedule
@@ -1188,11 +1193,11 @@ def _queue_link(num_stages, num_microbatches, timeout_s, failed):
 
 
 def _merge(records, grads=(), name='run_pipeline'):
-    """One run's record from its stages' records; a nan stops the run."""
+    """One run's record from its devices' records; a nan stops the run."""
     # grads: the stages' gradients, which show a nan that the loss hides
     return {'times': sorted(t for r in records for t in r['times']),
             'peak_bytes': [r['peak_bytes'] for r in records],
-            'loss': check_finite(records[-1]['loss'], name, grads)}
+            'loss': check_finite(sum(r['loss'] for r in records), name, grads)}
 
 
 def check_steps(schedule, num_stages, num_microbatches):
@@ -1201,8 +1206,91 @@ def check_steps(schedule, num_stages, num_microbatches):
     check_count(num_microbatches, 'num_microbatches', 1)
     check(isinstance(schedule, (list, tuple)) and all(
         isinstance(t, (list, tuple)) and len(t) == 3 for t in schedule),
-        lambda: "schedule must be a list of (stage, 'F' or 'B', micro-batch) steps, "
-        f'as pipeline_schedule returns; got {schedule!r:.60}')
+        lambda: "schedule must be a list of steps (stage, 'F', 'B' or 'W', "
+        f'micro-batch), as pipeline_schedule returns; got {schedule!r:.60}')
+
+
+def check_device_steps(stages, num_stages, steps):
+    """The checks of run_device: its stages by number, steps of those only."""
+    check_count(num_stages, 'num_stages', 1)
+    check(isinstance(stages, dict) and stages and all(
+        _is_int(s) and 0 <= s < num_stages for s in stages), lambda: 'stages must '
+        'map stage numbers below num_stages to lists of layers, such as '
+        f'{{0: layers}}; got {stages!r:.60} with num_stages={num_stages!r}')
+    for step in steps:
+        check(isinstance(step, (list, tuple)) and len(step) == 3
+              and step[0] in stages, lambda: 'steps must be (stage, op, '
+              'micro-batch) steps of the stages this device holds, '
+              f'{sorted(stages)}; got {step!r:.60}')
+
+
+def check_schedule(schedule, num_stages, num_microbatches):
+    """Refuse a schedule that misses, repeats or misorders a step, naming it."""
+    check_steps(schedule, num_stages, num_microbatches)
+    p, m, schedule = num_stages, num_microbatches, list(map(tuple, schedule))
+    ops = 'FBW' if any(t[1] == 'W' for t in schedule) else 'FB'
+    steps = {(s, op, i) for s in range(p) for op in ops for i in range(m)}
+    seen = set()
+    for step in schedule:
+        if step not in steps or step in seen:
+            raise ValueError(f'step {step!r} ' + (
+                'appears twice' if step in steps else f'is not (stage < {p}, '
+                f'one of {tuple(ops)}, micro-batch < {m})'))
+        seen.add(step)
+    if steps - seen:
+        raise ValueError(f'the schedule never runs step(s) {sorted(steps - seen)}')
+    done = set()
+    for step in schedule:
+        missing = [n for n in _needs(*step, p) if n not in done]
+        if missing:
+            raise ValueError(f'step {step!r} comes before {missing[0]!r}, '
+                             f'which it needs')
+        done.add(step)
+
+
+_grad_lock = threading.Lock()
+
+
+def _one_at_a_time(f, *args, **kwargs):
+    """f(*args, **kwargs), one thread at a time: PaddlePaddle's paddle.grad
+    crashes when two threads call it at once."""
+    with _grad_lock:
+        return f(*args, **kwargs)
+
+
+def _merge_runs(ranks):
+    """time_pipeline's records from its ranks' lists of records, the last
+    run's with the gradients of every stage, in stage order."""
+    by_stage = {s: g for r in ranks for s, g in r[-1]['grads'].items()}
+    grads = [g for s in sorted(by_stage) for g in by_stage[s]]
+    records = [_merge([r[j] for r in ranks], grads, 'time_pipeline')
+               for j in range(len(ranks[0]))]
+    records[-1]['grads'] = grads
+    return records
+
+
+def _in_threads(body, num_threads, failed, deadline_s):
+    """body(0), ..., body(num_threads - 1) in threads: their results, or a
+    RuntimeError naming the first device that failed (a timeout only if no
+    other error); `failed` is set when one fails, `deadline_s` bounds all."""
+    results, errors = [None] * num_threads, []
+    def run(d):
+        try:
+            results[d] = body(d)
+        except BaseException as error:
+            errors.append((isinstance(error, TimeoutError), d, error))
+            failed.set()
+    threads = [threading.Thread(target=run, args=(d,), daemon=True)
+               for d in range(num_threads)]
+    for thread in threads:
+        thread.start()
+    end = time.monotonic() + deadline_s
+    for thread in threads:
+        thread.join(max(0.0, end - time.monotonic()))
+    if errors or any(thread.is_alive() for thread in threads):
+        _, d, error = min(errors, default=(0, '?', 'deadline passed'))
+        raise RuntimeError(f'device {d} failed: {error}')
+    return results
 
 
 def check_stages(stages, timeout_s):
@@ -1639,14 +1727,18 @@ def _shared_helpers(d2l):
         d2l.check_stage(stage)
         d2l._check_zero_states(states, devices, stage)
 
-    def check_pipeline_runs(runs, num_stages, X, y, depth, width):
+    def check_pipeline_runs(runs, num_devices, X, y, depth, width):
         """Refuse bad runs or sizes for time_pipeline before anything starts."""
+        check_count(num_devices, 'num_devices', 1)
         check_count(depth, 'depth', 1)
         check_count(width, 'width', 1)
-        d2l.split_stages(range(depth), num_stages)  # enough blocks for the stages
         check_runs(runs)
-        for schedule, m in runs:
-            d2l.check_schedule(schedule, num_stages, m)
+        for schedule, m in runs:  # a schedule may have more stages than devices
+            d2l.check_steps(schedule, num_devices, m)
+            stages = max([num_devices] + [t[0] + 1 for t in schedule
+                                          if isinstance(t[0], int)])
+            d2l.split_stages(range(depth), stages)  # enough blocks for them
+            d2l.check_schedule(schedule, stages, m)
             d2l.split_microbatches(X, y, m)  # enough examples
 
     def _stage_shapes(stages, x):
@@ -1761,50 +1853,68 @@ def _group_helpers(d2l, dist):
         return [p.grad for layers in stages for layer in layers
                 for p in layer.parameters()]
 
-    def _pump(box, peer, group, sending, shapes, rank, device, errors):
-        """Carry this rank's messages to or from `peer` through `box`, in order."""
+    def _pump(box, peer, group, sending, messages, device, errors):
+        """Carry `messages` ((stage, op, micro-batch), shape) to or from
+        `peer` in order: from `box` when sending, into box[message] when not."""
         try:
-            for i in range(len(shapes)):
+            for key, shape in messages:
                 if sending:
                     dist.send(box.get(), peer, group)
                     continue
-                x = d2l.tensor(numpy.zeros(shapes[i][min(rank, peer)],
-                                        numpy.float32), device)
+                x = d2l.tensor(numpy.zeros(shape, numpy.float32), device)
                 dist.recv(x, peer, group)
-                box.put(x)
+                box[key].put(x)
         except BaseException as error:
             errors.append(error)
-            box.put(error)  # for a waiting recv
 
     def _direction_groups(world_size, _made={}):
-        """A group for each neighbour pair and direction ('F', 'B'), made once."""
+        """A group for each ordered pair of ranks (sender, receiver), made once."""
         if world_size not in _made:  # every rank makes them in the same order
-            _made[world_size] = {(s, op): dist.new_group([s, s + 1])
-                                 for s in range(world_size - 1) for op in 'FB'}
+            _made[world_size] = {(a, b): dist.new_group(sorted([a, b]))
+                                 for a in range(world_size)
+                                 for b in range(world_size) if a != b}
         return _made[world_size]
 
-    def _p2p_link(shapes, timeout_s, device):
-        """send and recv between neighbour ranks; finish waits for the sends."""
+    def _p2p_link(schedule, shapes, timeout_s, device):
+        """send and recv between the ranks that run `schedule`, stage s on rank
+        s % world size; shapes[i][s]: stage s's output for micro-batch i.
+        A thread per peer and direction carries the messages in the order the
+        sender makes them; finish waits for the sends."""
         rank, p = dist.get_rank(), dist.get_world_size()
-        groups, boxes, threads, errors = _direction_groups(p), {}, [], []
-        for op, peer, sending in (('F', rank + 1, True), ('B', rank - 1, True),
-                                  ('F', rank - 1, False), ('B', rank + 1, False)):
-            if 0 <= peer < p:  # one thread per peer and direction
-                boxes[op, peer] = queue.Queue()
+        num_stages, routes = len(shapes[0]), {}
+        for s, op, i in schedule:  # the messages each step sends, in order
+            to = s + 1 if op == 'F' else s - 1
+            if op != 'W' and 0 <= to < num_stages:
+                routes.setdefault((s % p, to % p), []).append(
+                    ((to, op, i), shapes[i][min(s, to)]))
+        inbox = {key: queue.Queue() for (a, b), route in routes.items()
+                 for key, _ in route if b == rank}
+        outbox, threads, errors = {}, [], []
+        for (a, b), route in routes.items():
+            if rank in (a, b) and a != b:  # one thread per peer and direction
+                box = inbox
+                if a == rank:
+                    outbox[b] = box = queue.Queue()
                 threads.append(threading.Thread(target=_pump, daemon=True, args=(
-                    boxes[op, peer], peer, groups[min(rank, peer), op], sending,
-                    shapes, rank, device, errors)))
+                    box, b if a == rank else a, _direction_groups(p)[a, b],
+                    a == rank, route, device, errors)))
                 threads[-1].start()
-        send = lambda stage, op, i, x: boxes[op, stage].put(x.detach())
+        def send(stage, op, i, x):
+            if stage % p == rank:  # a stage of this rank: no message
+                inbox[stage, op, i].put(x.detach())
+            else:
+                outbox[stage % p].put(x.detach())
         def recv(source, op, i):
-            try:
-                x = boxes[op, source].get(timeout=timeout_s)
-            except queue.Empty:
-                x = TimeoutError(f'rank {rank} waited {timeout_s:g} s for {op} '
-                                 f'of micro-batch {i} from rank {source}')
-            if isinstance(x, BaseException):
-                raise x
-            return x
+            key = (source + 1 if op == 'F' else source - 1, op, i)
+            deadline = time.monotonic() + timeout_s
+            while not errors and time.monotonic() < deadline:
+                try:
+                    return inbox[key].get(timeout=0.05)
+                except queue.Empty:
+                    pass
+            raise errors[0] if errors else TimeoutError(
+                f'rank {rank} waited {timeout_s:g} s for {op} of micro-batch '
+                f'{i} from stage {source}')
         def finish():
             for thread in threads:
                 thread.join(timeout_s)

@@ -554,11 +554,11 @@ SWEEP = [
     Sweep('split_microbatches', ALL, lambda d2l, fw: (
         d2l.split_microbatches, pipeline_args(d2l, fw, num_microbatches=2)),
         {'num_microbatches': 'count'}, True),
-    Sweep('run_stage', ALL, lambda d2l, fw: (d2l.run_stage, dict(
-        layers=d2l.pipeline_mlp(1, 4), stage=0, num_stages=1,
-        steps=[('F', 0), ('B', 0)], Xs=[pipeline_args(d2l, fw)['X']],
+    Sweep('run_device', ALL, lambda d2l, fw: (d2l.run_device, dict(
+        stages={0: d2l.pipeline_mlp(1, 4)}, num_stages=1,
+        steps=[(0, 'F', 0), (0, 'B', 0)], Xs=[pipeline_args(d2l, fw)['X']],
         ys=[pipeline_args(d2l, fw)['y']], device=d2l.try_gpu(), send=None,
-        recv=None)), {'stage': 'count0', 'num_stages': 'count'}, True),
+        recv=None)), {'num_stages': 'count'}, True),
     Sweep('run_pipeline', ALL, lambda d2l, fw: (d2l.run_pipeline,
         pipeline_args(d2l, fw, stages=d2l.split_stages(d2l.pipeline_mlp(
             2, 4), 2), schedule=d2l.pipeline_schedule('gpipe', 2, 2),
@@ -566,9 +566,9 @@ SWEEP = [
         {'num_microbatches': 'count', 'timeout_s': 'real'}, True),
     Sweep('time_pipeline', ALL, lambda d2l, fw: (d2l.time_pipeline,
         pipeline_args(d2l, fw, runs=[(d2l.pipeline_schedule('gpipe', 2, 2),
-                                      2)], num_stages=2, depth=2, width=4,
+                                      2)], num_devices=2, depth=2, width=4,
                       timeout_s=30)),
-        {'num_stages': 'count', 'depth': 'count', 'width': 'count',
+        {'num_devices': 'count', 'depth': 'count', 'width': 'count',
          'timeout_s': 'real'}, False),
     Sweep('time_steps', ALL, lambda d2l, fw: (d2l.time_steps, dict(
         net=None, optimizer=None, X=None, y=None, num_steps=1, warmup=0,
@@ -847,10 +847,21 @@ def a_step(t, start, end, stage=0):
 ROUND_THREE = [
     Bad('pipeline', 'check_schedule', 'a number, not a list',
         lambda d2l, fw: d2l.check_schedule(5, 2, 2), ValueError,
-        'schedule must be a list of (stage'),
+        'schedule must be a list of steps (stage'),
     Bad('pipeline', 'check_schedule', 'a step that is not a triple',
         lambda d2l, fw: d2l.check_schedule([{'F': 0}], 1, 1), ValueError,
-        'schedule must be a list of (stage'),
+        'schedule must be a list of steps (stage'),
+    Bad('pipeline', 'run_device', 'a list of stages, not a dict',
+        lambda d2l, fw: d2l.run_device(
+            [d2l.pipeline_mlp(1, 4)], 1, [(0, 'F', 0)], [], [], 'cpu', None,
+            None), ValueError, 'stages must map stage numbers'),
+    Bad('pipeline', 'run_device', 'a step of a stage it does not hold',
+        lambda d2l, fw: d2l.run_device(
+            {0: d2l.pipeline_mlp(1, 4)}, 2, [(1, 'F', 0)], [], [], 'cpu',
+            None, None), ValueError, 'steps of the stages this device holds'),
+    Bad('pipeline', 'interleaved_schedule', 'micro-batches not in groups',
+        lambda d2l, fw: d2l.interleaved_schedule(2, 2, 3), ValueError,
+        'num_microbatches=3 must be a multiple of num_devices=2'),
     Bad('pipeline', 'idle_fraction', 'a run of no length',
         lambda d2l, fw: d2l.idle_fraction([(0, 'F', 0, 1.0, 1.0)]),
         ValueError, 'times span no time'),
@@ -927,7 +938,7 @@ ROUND_THREE = [
             d2l.split_stages(d2l.pipeline_mlp(2, 4), 2),
             generator_of(d2l.pipeline_schedule('gpipe', 2, 2)),
             floats(fw, np.zeros((4, 784))), labels(fw, [0, 1, 2, 3]), 2),
-        ValueError, 'schedule must be a list of (stage'),
+        ValueError, 'schedule must be a list of steps (stage'),
     Bad('pipeline', 'time_pipeline', 'a run of three fields',
         lambda d2l, fw: d2l.time_pipeline(
             [(1, 2, 3)], 2, floats(fw, np.zeros((4, 784))),

@@ -123,6 +123,40 @@ def test_repeated_misordered_and_unknown_steps_are_named(d2l):
         d2l.pipeline_schedule('zero-bubble', 2, 2)
 
 
+def test_interleaved_and_zero_bubble_schedules_run_every_step_once(d2l):
+    inter = d2l.interleaved_schedule(2, 3, 4)  # 6 stages on 2 devices
+    d2l.check_schedule(inter, 6, 4)
+    assert sorted(inter) == sorted((s, op, i) for s in range(6)
+                                   for op in 'FB' for i in range(4))
+    zb = d2l.zero_bubble_schedule(3, 5)
+    d2l.check_schedule(zb, 3, 5)
+    assert sorted(zb) == sorted((s, op, i) for s in range(3)
+                                for op in 'FBW' for i in range(5))
+    early_w = [(0, 'W', 0)] + [t for t in zb if t != (0, 'W', 0)]
+    with pytest.raises(ValueError, match=r"step \(0, 'W', 0\) comes before "
+                       r"\(0, 'B', 0\), which it needs"):
+        d2l.check_schedule(early_w, 3, 5)
+    with pytest.raises(ValueError, match='must be a multiple of num_devices'):
+        d2l.interleaved_schedule(2, 2, 5)
+
+
+@pytest.mark.parametrize('p, m', [(2, 4), (4, 8), (3, 6)])
+def test_replayed_equal_steps_give_each_schedule_s_bubble_formula(p, m):
+    """The page's replay_idle: 1F1B (p-1)/(m+p-1), interleaved with two
+    chunks (p-1)/(2m+p-1), zero bubble (p-1)/(3m+p-1)."""
+    from conftest import ROOT, page_definitions
+    from d2l import torch as d2l
+    ns = page_definitions(ROOT / 'chapter_multi_gpu' / 'pipeline-parallelism.md',
+                          'pytorch', ['def replay_idle'])
+    replay = ns['replay_idle']
+    assert replay(d2l.pipeline_schedule('1f1b', p, m), p) == pytest.approx(
+        (p - 1) / (m + p - 1))
+    assert replay(d2l.interleaved_schedule(p, 2, m), p) == pytest.approx(
+        (p - 1) / (2 * m + p - 1))
+    assert replay(d2l.zero_bubble_schedule(p, m), p) == pytest.approx(
+        (p - 1) / (3 * m + p - 1))
+
+
 def test_bubble_fraction_is_p_minus_1_over_m_plus_p_minus_1(d2l):
     assert d2l.bubble_fraction(1, 5) == 0
     assert d2l.bubble_fraction(2, 1) == 0.5
@@ -153,12 +187,31 @@ def test_a_pipeline_computes_the_loss_and_gradients_of_one_device(
     stages = d2l.split_stages(layers, p)
     record = d2l.run_pipeline(stages, d2l.pipeline_schedule(kind, p, m),
                               X, y, m)
-    grad = flat([g for s in stages for g in d2l._grads(s)])
     assert np.abs(grad1).max() > 1e-3
     assert record['loss'] == pytest.approx(loss1, abs=TOL)
-    np.testing.assert_allclose(grad, grad1, atol=TOL)
+    np.testing.assert_allclose(flat(record['grads']), grad1, atol=TOL)
     assert len(record['times']) == 2 * p * m
     assert all(end >= start for *_, start, end in record['times'])
+
+
+@pytest.mark.parametrize('name, p, m', [
+    ('interleaved', 2, 4), ('interleaved', 3, 3), ('zero bubble', 2, 4),
+    ('zero bubble', 3, 5)])
+def test_interleaved_and_zero_bubble_pipelines_compute_what_one_device_does(
+        d2l, framework, name, p, m):
+    """Interleaved: 2 chunks per device (depth 6 on 2p stages; 3 devices
+    with 6 stages of one block); zero bubble: B and W as separate steps."""
+    layers = d2l.pipeline_mlp(6, 16)
+    X, y = random_batch(framework, 12)
+    loss1, grad1 = one_device(framework, layers, X, y)
+    schedule = (d2l.interleaved_schedule(p, 2, m) if name == 'interleaved'
+                else d2l.zero_bubble_schedule(p, m))
+    stages = d2l.split_stages(layers, 1 + max(s for s, _, _ in schedule))
+    record = d2l.run_pipeline(stages, schedule, X, y, m, num_devices=p)
+    assert record['loss'] == pytest.approx(loss1, abs=TOL)
+    np.testing.assert_allclose(flat(record['grads']), grad1, atol=TOL)
+    assert len(record['times']) == len(schedule)
+    assert len(record['peak_bytes']) == p
 
 
 def test_1f1b_holds_p_microbatches_where_gpipe_holds_m(d2l, framework):
@@ -177,7 +230,7 @@ def test_a_failing_stage_stops_the_others_with_its_error(d2l, framework):
     stages[1] = d2l.pipeline_mlp(2, 9)[1:]  # expects 9 inputs, gets 8
     X, y = random_batch(framework, 8)
     began = time.monotonic()
-    with pytest.raises(RuntimeError, match='stage 1 failed'):
+    with pytest.raises(RuntimeError, match='device 1 failed'):
         d2l.run_pipeline(stages, d2l.pipeline_schedule('gpipe', 2, 2), X, y,
                          2, timeout_s=30)
     assert time.monotonic() - began < 10  # not stage 0's 30 s deadline
@@ -213,11 +266,16 @@ def sample(n):
 
 
 def process_runs(d2l, X, y):
-    """A GPipe and a 1F1B run of 10 examples through depth 5 on two stages (3, 2)."""
+    """GPipe, 1F1B, zero-bubble and interleaved runs of 10 examples through
+    depth 5 on two devices (stages of 3 and 2 blocks; interleaved: 4 stages),
+    the last run's gradients last."""
     runs = [(d2l.pipeline_schedule('gpipe', 2, 3), 3),
-            (d2l.pipeline_schedule('1f1b', 2, 4), 4)]
+            (d2l.pipeline_schedule('1f1b', 2, 4), 4),
+            (d2l.zero_bubble_schedule(2, 4), 4),
+            (d2l.interleaved_schedule(2, 2, 4), 4)]
     records = d2l.time_pipeline(runs, 2, X, y, depth=5, width=16)
-    return ([[r['loss'], len(r['times']), r['peak_bytes']] for r in records]
+    return ([[r['loss'], len(r['times']) / len(s), r['peak_bytes']]
+             for r, (s, _) in zip(records, runs)]
             + [[g.tolist() for g in records[-1]['grads']]])
 
 
@@ -248,9 +306,10 @@ out = process_runs(d2l, X, y)
         np.testing.assert_allclose(flat([np.array(g) for g in grads]), grad1,
                                    atol=TOL)
     *runs, grads = out
-    for (loss, steps, peaks), m in zip(runs, (3, 4)):
+    assert len(runs) == 4
+    for loss, steps, peaks in runs:  # every step of the schedule, timed
         assert loss == pytest.approx(loss1, abs=TOL)
-        assert steps == 2 * 2 * m and len(peaks) == 2 and min(peaks) > 0
+        assert steps == 1 and len(peaks) == 2 and min(peaks) > 0
     np.testing.assert_allclose(flat([np.array(g) for g in grads]), grad1,
                                atol=TOL)
 
