@@ -1137,8 +1137,8 @@ def _script_path(framework):
                             ": run from the book's root or notebook folder")
 
 
-def _needs(stage, op, i, num_stages):
-    """The steps that must run before step (stage, op, i)."""
+def step_needs(stage, op, i, num_stages):
+    """The steps that must end before step (stage, op, i) can start."""
     if op == 'W':  # the weights' gradients need the output's gradient
         return [(stage, 'B', i)]
     if op == 'F':
@@ -1154,7 +1154,7 @@ def _interleave(orders):
     num_stages = 1 + max(step[0] for order in orders for step in order)
     while any(orders):
         ready = [order[0] for order in orders if order and all(
-            n in done for n in _needs(*order[0], num_stages))]
+            n in done for n in step_needs(*order[0], num_stages))]
         if not ready:
             raise ValueError('the devices wait on each other')
         for order in orders:
@@ -1241,7 +1241,7 @@ def check_schedule(schedule, num_stages, num_microbatches):
         raise ValueError(f'the schedule never runs step(s) {sorted(steps - seen)}')
     done = set()
     for step in schedule:
-        missing = [n for n in _needs(*step, p) if n not in done]
+        missing = [n for n in step_needs(*step, p) if n not in done]
         if missing:
             raise ValueError(f'step {step!r} comes before {missing[0]!r}, '
                              f'which it needs')
@@ -1326,8 +1326,10 @@ def check_microbatches(X, y, num_microbatches):
           'compute in float32; convert it first, e.g. X.astype(\'float32\')')
 
 
-def check_run_times(times):
+def check_run_times(times, num_devices=None):
     """Reject a run's times that are not steps of a run of some length."""
+    if num_devices is not None:
+        check_count(num_devices, 'num_devices', 1)
     check(isinstance(times, (list, tuple)) and times,
           "times must hold a run's steps, as run_pipeline's")
     for t in times:

@@ -1562,7 +1562,7 @@ def run_pipeline(stages, schedule, X, y, num_microbatches, timeout_s=60.0,
 
     Defined in :numref:`sec_pipeline`"""
     d2l.check_stages(stages, timeout_s)
-    S, p = len(stages), num_devices or len(stages)
+    S, p = len(stages), (len(stages) if num_devices is None else num_devices)
     d2l.check_count(p, 'num_devices', 1)
     d2l.check_schedule(schedule, S, num_microbatches)
     Xs, ys = split_microbatches(X, y, num_microbatches)
@@ -1616,7 +1616,7 @@ def idle_fraction(times, num_devices=None):
     """Share of the devices' time in a run that no step used.
 
     Defined in :numref:`sec_pipeline`"""
-    d2l.check_run_times(times)
+    d2l.check_run_times(times, num_devices)
     p = num_devices or len({t[0] for t in times})  # default: one per stage
     span = max(t[4] for t in times) - min(t[3] for t in times)
     busy = sum(end - start for *_, start, end in times)

@@ -562,8 +562,12 @@ SWEEP = [
     Sweep('run_pipeline', ALL, lambda d2l, fw: (d2l.run_pipeline,
         pipeline_args(d2l, fw, stages=d2l.split_stages(d2l.pipeline_mlp(
             2, 4), 2), schedule=d2l.pipeline_schedule('gpipe', 2, 2),
-            num_microbatches=2, timeout_s=30)),
-        {'num_microbatches': 'count', 'timeout_s': 'real'}, True),
+            num_microbatches=2, timeout_s=30, num_devices=2)),
+        {'num_microbatches': 'count', 'timeout_s': 'real',
+         'num_devices': 'count or None'}, True),
+    Sweep('idle_fraction', ALL, lambda d2l, fw: (d2l.idle_fraction, dict(
+        times=[(0, 'F', 0, 0.0, 1.0)], num_devices=1)),
+        {'num_devices': 'count or None'}, True),
     Sweep('time_pipeline', ALL, lambda d2l, fw: (d2l.time_pipeline,
         pipeline_args(d2l, fw, runs=[(d2l.pipeline_schedule('gpipe', 2, 2),
                                       2)], num_devices=2, depth=2, width=4,
