@@ -107,6 +107,15 @@ def evaluated_here(evaluated):
     return record.get('source') == 'evaluated' and record.get('mode') == 'quick'
 
 
+def recorded_seconds(evaluated):
+    """How long the stored run of EVALUATED took (0 if none): nbval starts the longest
+    notebooks first, so that no long one runs alone at the end."""
+    if not evaluated.exists() or not evaluated.stat().st_size:
+        return 0
+    record = nbformat.read(str(evaluated), as_version=4).metadata.get('d2l_outputs') or {}
+    return record.get('seconds') or 0
+
+
 def check_tab(root, name, tabs, tab, zip_dir, python, xdist, skip_evaluated=False):
     archive = zip_dir / f'{name}-{tab}.zip'
     if not archive.exists():
@@ -140,6 +149,8 @@ def check_tab(root, name, tabs, tab, zip_dir, python, xdist, skip_evaluated=Fals
             print(f'== not run again ({len(skipped)}; this build evaluated them in quick mode '
                   f'in this environment): {" ".join(p.stem for p in skipped)}', flush=True)
             notebooks = [p for p in notebooks if p not in skipped]
+        notebooks.sort(key=lambda nb: -recorded_seconds(
+            eval_dir(root, tabs, tab) / nb.relative_to(folder)))
         sanitize = work / 'sanitize.cfg'
         sanitize_config(sanitize, [folder, site, root])
         print(f'== nbval over the {len(notebooks)} {tab} notebooks in quick mode', flush=True)

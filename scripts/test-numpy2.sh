@@ -26,5 +26,5 @@ tests=$(ls tests/test_helpers.py tests/test_d2l_package.py tests/test_multiple_g
   tests/test_sharded_data_parallel.py tests/test_pipeline_parallelism.py tests/test_tensor_parallelism.py \
   tests/test_cost_model.py tests/test_memory.py tests/test_mixed_precision.py \
   tests/test_memory_model.py 2>/dev/null)
-python -m pytest -q -p no:cacheprovider -n ${PYTEST_WORKERS:-2} -m "not slow and not browser and not pdf" $tests
+python -m pytest -q -p no:cacheprovider -n ${NUMPY2_WORKERS:-2} -m "not slow and not browser and not pdf" $tests
 python scripts/check_notebook_zips.py "$book" --tabs pytorch paddle

@@ -28,6 +28,12 @@ stage() {
 }
 began=$SECONDS
 stage test-unit
+# Two notebooks run at once from here on, beside the renderer, so each
+# process gets one OpenMP thread: a pool's threads spin while they wait for
+# each other, and beside busy processes that spinning takes the cores (a
+# sharded-data-parallel cell: under 1 s with one thread, 52 s with two,
+# beside two busy processes).
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 stage test-notebooks
 if ! wait $venv_pid; then
   cat $log >&2

@@ -226,7 +226,7 @@ def step_setup(framework, d2l, lr=0.02):
 @pytest.mark.slow  # run once (pinned environment); its page runs in NumPy 2
 def test_a_few_concise_training_steps_reduce_the_loss(framework, d2l, quick):
     seed_everything(framework)
-    X, y = first_batch(d2l, 32)
+    X, y = first_batch(d2l, 8)
     net, loss, optimizer, devices = step_setup(framework, d2l)
     losses = [float(numpy(framework, d2l.train_step_concise(
         net, X, y, loss, optimizer, devices))) for _ in range(4)]
@@ -270,7 +270,7 @@ def trainable_values(framework, net):
 def test_a_step_at_learning_rate_zero_leaves_the_weights_alone(framework,
                                                                 d2l, quick):
     seed_everything(framework)
-    X, y = first_batch(d2l, 32)
+    X, y = first_batch(d2l, 8)
     net, loss, optimizer, devices = step_setup(framework, d2l)
     d2l.train_step_concise(net, X, y, loss, optimizer, devices)  # builds state
     before = trainable_values(framework, net)
