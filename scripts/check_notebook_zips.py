@@ -53,7 +53,8 @@ def eval_dir(root, tabs, tab):
 
 
 def add_reference_outputs(notebook, evaluated):
-    """Give NOTEBOOK (from the zip) the outputs and nbval tags of the book's evaluated copy."""
+    """Give NOTEBOOK (from the zip) the outputs and nbval tags of the book's evaluated copy;
+    return how long that copy's run took (0 if not recorded)."""
     nb = nbformat.read(str(notebook), as_version=4)
     ref = nbformat.read(str(evaluated), as_version=4)
     cells = [c for c in nb.cells if c.cell_type == 'code']
@@ -68,6 +69,7 @@ def add_reference_outputs(notebook, evaluated):
         if tags:
             cell.metadata['tags'] = tags
     notebook.write_text(nbformat.writes(nb))
+    return (ref.metadata.get('d2l_outputs') or {}).get('seconds') or 0
 
 
 LONG_DECIMAL = r'(?<![\w.])(\d+\.\d{3})\d{2,}'
@@ -107,15 +109,6 @@ def evaluated_here(evaluated):
     return record.get('source') == 'evaluated' and record.get('mode') == 'quick'
 
 
-def recorded_seconds(evaluated):
-    """How long the stored run of EVALUATED took (0 if none): nbval starts the longest
-    notebooks first, so that no long one runs alone at the end."""
-    if not evaluated.exists() or not evaluated.stat().st_size:
-        return 0
-    record = nbformat.read(str(evaluated), as_version=4).metadata.get('d2l_outputs') or {}
-    return record.get('seconds') or 0
-
-
 def check_tab(root, name, tabs, tab, zip_dir, python, xdist, skip_evaluated=False):
     archive = zip_dir / f'{name}-{tab}.zip'
     if not archive.exists():
@@ -137,20 +130,20 @@ def check_tab(root, name, tabs, tab, zip_dir, python, xdist, skip_evaluated=Fals
         if not where.startswith(str(site)):
             raise SystemExit(f'{tab}: `import d2l` found {where}, not the zip\'s installed copy')
         notebooks = sorted(p for p in folder.glob('chapter_*/*.ipynb'))
-        skipped = []
+        skipped, seconds = [], {}
         for nb in notebooks:
             evaluated = eval_dir(root, tabs, tab) / nb.relative_to(folder)
             if evaluated.exists() and evaluated.stat().st_size:
                 if skip_evaluated and evaluated_here(evaluated):
                     skipped.append(nb)
                     continue
-                add_reference_outputs(nb, evaluated)
+                seconds[nb] = add_reference_outputs(nb, evaluated)
         if skipped:
             print(f'== not run again ({len(skipped)}; this build evaluated them in quick mode '
                   f'in this environment): {" ".join(p.stem for p in skipped)}', flush=True)
             notebooks = [p for p in notebooks if p not in skipped]
-        notebooks.sort(key=lambda nb: -recorded_seconds(
-            eval_dir(root, tabs, tab) / nb.relative_to(folder)))
+        # The longest first, so that no long notebook runs alone at the end.
+        notebooks.sort(key=lambda nb: -seconds.get(nb, 0))
         sanitize = work / 'sanitize.cfg'
         sanitize_config(sanitize, [folder, site, root])
         print(f'== nbval over the {len(notebooks)} {tab} notebooks in quick mode', flush=True)
