@@ -180,13 +180,6 @@ def check_model_kind(net):
     d2l._check_model(net, gluon.Block, 'gluon.Block')
 
 
-def _stand_down(watchdog, done):
-    """Tell `watchdog` to stand down once this worker has joined a store or `done` is set."""
-    while not (_JOB or d2l._STORES) and not done.wait(0.2):
-        pass
-    watchdog.stdin.close()  # end of its input: the watchdog exits quietly
-
-
 def _rendezvous_address():
     """host:port of the scheduler that MXNet's launcher described in the environment."""
     return (f"{os.environ.get('DMLC_PS_ROOT_URI', '(DMLC_PS_ROOT_URI unset)')}:"
@@ -342,25 +335,13 @@ def _join_deadline(who, world_size, timeout_s):
     if _JOB or d2l._STORES:  # joined already: nothing to wait for
         yield
         return
-    where = _rendezvous_address()
-    until = time.strftime('%H:%M:%S %Z',
-                          time.localtime(time.time() + timeout_s))
-    print(f'{who} waits for all {world_size} workers at {where} until '
-          f'{until} (timeout {timeout_s:g} s)', flush=True)
-    message = (f'{who}: no job formed at {where} within {timeout_s:g} s; '
-               f'start all {world_size} workers, the scheduler and the '
-               f'servers with this address, check that its port is '
-               f'reachable, or give a larger timeout')
-    watchdog = subprocess.Popen([sys.executable, '-c', _WATCHDOG, str(
-        os.getpid()), str(timeout_s), message], stdin=subprocess.PIPE)
-    done = threading.Event()
-    threading.Thread(target=_stand_down, args=(watchdog, done),
-                     daemon=True).start()
-    try:
+    fix = (f'start all {world_size} workers, the scheduler and the servers '
+           f'with this address, check that its port is reachable, or give a '
+           f'larger timeout')
+    with _deadline_watchdog(who, timeout_s, _rendezvous_address(),
+                            f'all {world_size} workers', 'job', fix,
+                            lambda: bool(_JOB or d2l._STORES)):
         yield
-    finally:
-        done.set()
-        watchdog.wait()  # it ends when told to stand down
 
 
 def _waiting_init_params(init_params):

@@ -1147,11 +1147,11 @@ class TransformerBlock(nn.Block):
         self.fc1, self.fc2 = dense(h, 4 * h), dense(4 * h, h)
 
     def forward(self, X):  # X: (b, s, h)
-        b, s, h = X.shape
+        b, s = X.shape[:2]
         QKV = self.qkv(self.ln1(X)).reshape(b, s, 3, self.num_heads, -1)
         Q, K, V = QKV.transpose(2, 0, 3, 1, 4)  # each (b, heads, s, h/heads)
         A = npx.softmax(Q @ K.transpose(0, 1, 3, 2) / Q.shape[-1] ** 0.5)
-        X = X + self.proj((A @ V).transpose(0, 2, 1, 3).reshape(b, s, h))
+        X = X + self.proj((A @ V).transpose(0, 2, 1, 3).reshape(b, s, -1))
         H = npx.leaky_relu(self.fc1(self.ln2(X)), act_type='gelu')
         return X + self.fc2(H)
 
@@ -1239,26 +1239,6 @@ def check_stage(stage):
     Defined in :numref:`sec_sharded_data_parallel`"""
     d2l.check(d2l.is_count(stage) and stage <= 3, f'stage must be 0 (plain '
               f'data parallelism), 1, 2 or 3, got {stage!r}')
-
-def _check_zero_states(states, devices, stage):
-    """Reject states that zero_init did not build for devices and stage.
-
-    Defined in :numref:`sec_sharded_data_parallel`"""
-    _check_zero_args(states, devices)
-    if len(states) != len(devices):
-        raise ValueError(f'states holds {len(states)} device states but '
-                         f'devices names {len(devices)}; pass what zero_init '
-                         f'returned for these devices')
-    n = sum(math.prod(shape) for shape in LENET_SHAPES)
-    own = shard_sizes(n, len(devices))[0]
-    needed = (own if stage == 3 else n, own if stage >= 2 else n,
-              own if stage >= 1 else n)
-    # in zero_init's order
-    held = tuple(x.shape[0] for x in states[0].values())
-    if held != needed:
-        raise ValueError(f'states hold {held} parameters, gradients and '
-                         f'momentum on device 0, but stage {stage} needs '
-                         f'{needed}; pass the stage given to zero_init')
 
 def zero_init(params, devices, stage):
     """Each device's flat parameters, gradients, momentum for ZeRO `stage`.
@@ -1762,6 +1742,61 @@ def mesh_worker(rank, world_size, init_method, d, hidden, batch_size):
                  for g in result['grads']]
         return {'grads': grads, 'axes': _shard_axes(net),
                 'tensor': dict(tensor.sent), 'data': dict(data.sent)}
+
+def head_order(h, num_heads, k):
+    """Columns of a fused Q, K, V projection, regrouped rank by rank.
+
+    Defined in :numref:`sec_tp_transformer`"""
+    d2l.check_head_split(h, num_heads, k)
+    return numpy.arange(3 * h).reshape(3, k, h // k).transpose(1, 0, 2).ravel()
+
+def by_heads(qkv, order):
+    """A copy of the dense layer `qkv` with its outputs taken in `order`.
+
+    Defined in :numref:`sec_tp_transformer`"""
+    w, b = qkv.weight.data().asnumpy(), qkv.bias.data().asnumpy()
+    copy = nn.Dense(w.shape[0], in_units=w.shape[1], flatten=False)
+    copy.initialize()
+    copy.weight.set_data(np.array(w[order]))
+    copy.bias.set_data(np.array(b[order]))
+    return copy
+
+def tp_block(blk, allreduce):
+    """This rank's part of TransformerBlock `blk`: its heads and MLP units.
+
+    Defined in :numref:`sec_tp_transformer`"""
+    order = head_order(blk.proj.weight.shape[0], blk.num_heads, allreduce.size)
+    layers = {'qkv': ColumnParallelLinear(by_heads(blk.qkv, order), allreduce),
+              'proj': RowParallelLinear(blk.proj, allreduce),
+              'fc1': ColumnParallelLinear(blk.fc1, allreduce),
+              'fc2': RowParallelLinear(blk.fc2, allreduce)}
+    for name, layer in layers.items():  # in the order the block made them
+        delattr(blk, name)  # Gluon refuses a new type under an old name
+        setattr(blk, name, layer)
+    blk.num_heads //= allreduce.size
+    return blk
+
+def seeded_block(h, num_heads, seed=0):
+    """A TransformerBlock of width h with num_heads heads, from `seed`.
+
+    Defined in :numref:`sec_tp_transformer`"""
+    _manual_seed(seed)
+    blk = TransformerBlock(h, num_heads)
+    blk.initialize()
+    return blk
+
+def tp_block_worker(rank, world_size, init_method, h, num_heads, b, s):
+    """Worker: one pass of the tensor-parallel block; results and bytes.
+
+    Defined in :numref:`sec_tp_transformer`"""
+    with _group(rank, world_size, init_method):
+        allreduce = CountingAllreduce()
+        net = tp_block(seeded_block(h, num_heads), allreduce)
+        layers = [net.qkv, net.proj, net.fc1, net.fc2]
+        axes = [None] * 4 + [a for layer in layers for a in layer.shard_axes]
+        X, Y = [x.reshape((b, s, h)) for x in mlp_data(b * s, h)]
+        result = mlp_pass(net, X, Y)
+        return dict(result, sent=dict(allreduce.sent), axes=axes)
 
 import contextlib
 import math

@@ -1117,6 +1117,36 @@ _WATCHDOG = (  # the program of launcher_deadline's watchdog process
     '    os.kill(pid, signal.SIGKILL)\n')
 
 
+@contextlib.contextmanager
+def _deadline_watchdog(who, timeout_s, where, peers, what, fix, joined):
+    """Say where and until when `who` waits for its `peers`; if `joined()` is
+    still false after `timeout_s`, end the process with one line: no `what`
+    formed, and `fix`. A process, not a thread: PaddlePaddle waits holding
+    Python's lock."""
+    import subprocess
+    until = time.strftime('%H:%M:%S %Z',
+                          time.localtime(time.time() + timeout_s))
+    print(f'{who} waits for {peers} at {where} until {until} '
+          f'(timeout {timeout_s:g} s)', flush=True)
+    message = (f'{who}: no {what} formed at {where} within {timeout_s:g} s; '
+               f'{fix}')
+    watchdog = subprocess.Popen([sys.executable, '-c', _WATCHDOG, str(
+        os.getpid()), str(timeout_s), message], stdin=subprocess.PIPE)
+    done = threading.Event()
+
+    def stand_down():
+        while not joined() and not done.wait(0.2):
+            pass
+        watchdog.stdin.close()  # end of its input: the watchdog exits quietly
+
+    threading.Thread(target=stand_down, daemon=True).start()
+    try:
+        yield
+    finally:
+        done.set()
+        watchdog.wait()  # it ends when told to stand down
+
+
 def _script_path(framework):
     """Path of the book's launcher script for 'torch', 'mxnet', 'paddle'."""
     names = {'torch': 'ddp_train.py', 'mxnet': 'ddp_train_mxnet.py',
@@ -1408,6 +1438,16 @@ def check_heads(h, num_heads):
           f'h={h}: each head gets h/num_heads features')
 
 
+def check_head_split(h, num_heads, k):
+    """Reject a width, head count or rank count that tensor parallelism
+    cannot split: each of `k` ranks computes whole heads."""
+    check_heads(h, num_heads)
+    check_count(k, 'k', 1)
+    check(num_heads % k == 0, lambda: f'num_heads={num_heads} heads cannot be '
+          f'split over k={k} ranks: each rank computes whole heads; use a k '
+          f'that divides num_heads')
+
+
 def check_mlp_sizes(d, hidden, seed):
     """Reject sizes below 1 and seeds below 0, naming the argument."""
     for name, value, least in (('d', d, 1), ('hidden', hidden, 1),
@@ -1623,6 +1663,24 @@ def _check_zero_args(params, devices):
                          'as d2l.try_gpus(2)')
 
 
+def _check_zero_states(states, devices, stage, n):
+    """Reject states that zero_init did not build for `n` parameters,
+    `devices` and `stage`."""
+    _check_zero_args(states, devices)
+    if len(states) != len(devices):
+        raise ValueError(f'states holds {len(states)} device states but '
+                         f'devices names {len(devices)}; pass what zero_init '
+                         f'returned for these devices')
+    own = -(-n // len(devices))  # device 0's shard, the largest
+    needed = (own if stage == 3 else n, own if stage >= 2 else n,
+              own if stage >= 1 else n)
+    held = tuple(x.shape[0] for x in states[0].values())  # zero_init's order
+    if held != needed:
+        raise ValueError(f'states hold {held} parameters, gradients and '
+                         f'momentum on device 0, but stage {stage} needs '
+                         f'{needed}; pass the stage given to zero_init')
+
+
 def _use_threads(threads, set_threads):
     """On a CPU, let this process run `threads` threads on all usable cores."""
     if threads > 1:
@@ -1727,7 +1785,8 @@ def _shared_helpers(d2l):
         check_number(lr, 'lr')
         check_number(momentum, 'momentum', below=1)
         d2l.check_stage(stage)
-        d2l._check_zero_states(states, devices, stage)
+        _check_zero_states(states, devices, stage, sum(
+            math.prod(shape) for shape in d2l.LENET_SHAPES))
 
     def check_pipeline_runs(runs, num_devices, X, y, depth, width):
         """Refuse bad runs or sizes for time_pipeline before anything starts."""

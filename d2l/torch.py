@@ -711,25 +711,16 @@ def launcher_deadline(rank, world_size, timeout_s):
     _check_timeout(timeout_s)
     if timeout_s is None:
         raise ValueError('timeout_s must be a number of seconds, not None')
-    where = _rendezvous_address()
-    deadline = time.localtime(time.time() + timeout_s)
-    until = time.strftime('%H:%M:%S %Z', deadline)
-    print(f'rank {rank} waits for all {world_size} ranks at {where} until '
-          f'{until} (timeout {timeout_s:g} s)', flush=True)
-    message = (f'rank {rank}: no group formed at {where} within {timeout_s:g}'
-               f' s; start all {world_size} ranks with this address, check '
-               f'that its port is reachable, or give a larger timeout')
-    watchdog = subprocess.Popen([sys.executable, '-c', _WATCHDOG, str(
-        os.getpid()), str(timeout_s), message], stdin=subprocess.PIPE)
-    done = threading.Event()
-    threading.Thread(target=_stand_down, args=(watchdog, done, world_size),
-                     daemon=True).start()
-    _PROCESS['group_timeout_s'] = timeout_s
+    fix = (f'start all {world_size} ranks with this address, check that its '
+           'port is reachable, or give a larger timeout')
+    _PROCESS['group_timeout_s'] = timeout_s  # for the groups it forms
     try:
-        yield
+        with _deadline_watchdog(
+                f'rank {rank}', timeout_s, _rendezvous_address(),
+                f'all {world_size} ranks', 'group', fix,
+                lambda: world_size == 1 or dist.is_initialized()):
+            yield
     finally:
-        done.set()
-        watchdog.wait()  # it ends when told to stand down
         _PROCESS['group_timeout_s'] = None
 
 def fashion_mnist_tensors(split):
@@ -1137,11 +1128,11 @@ class TransformerBlock(nn.Module):
         self.fc1, self.fc2 = nn.Linear(h, 4 * h), nn.Linear(4 * h, h)
 
     def forward(self, X):  # X: (b, s, h)
-        b, s, h = X.shape
+        b, s = X.shape[:2]
         QKV = self.qkv(self.ln1(X)).reshape(b, s, 3, self.num_heads, -1)
         Q, K, V = QKV.permute(2, 0, 3, 1, 4)  # each (b, heads, s, h/heads)
         A = F.softmax(Q @ K.transpose(2, 3) / Q.shape[-1] ** 0.5, dim=-1)
-        X = X + self.proj((A @ V).transpose(1, 2).reshape(b, s, h))
+        X = X + self.proj((A @ V).transpose(1, 2).reshape(b, s, -1))
         return X + self.fc2(F.gelu(self.fc1(self.ln2(X))))
 
 def block_activation_bytes(s, b, h, a, e=4):
@@ -1274,26 +1265,6 @@ def check_stage(stage):
     Defined in :numref:`sec_sharded_data_parallel`"""
     d2l.check(d2l.is_count(stage) and stage <= 3, f'stage must be 0 (plain '
               f'data parallelism), 1, 2 or 3, got {stage!r}')
-
-def _check_zero_states(states, devices, stage):
-    """Reject states that zero_init did not build for devices and stage.
-
-    Defined in :numref:`sec_sharded_data_parallel`"""
-    _check_zero_args(states, devices)
-    if len(states) != len(devices):
-        raise ValueError(f'states holds {len(states)} device states but '
-                         f'devices names {len(devices)}; pass what zero_init '
-                         f'returned for these devices')
-    n = sum(math.prod(shape) for shape in LENET_SHAPES)
-    own = shard_sizes(n, len(devices))[0]
-    needed = (own if stage == 3 else n, own if stage >= 2 else n,
-              own if stage >= 1 else n)
-    # in zero_init's order
-    held = tuple(x.shape[0] for x in states[0].values())
-    if held != needed:
-        raise ValueError(f'states hold {held} parameters, gradients and '
-                         f'momentum on device 0, but stage {stage} needs '
-                         f'{needed}; pass the stage given to zero_init')
 
 def zero_init(params, devices, stage):
     """Each device's flat parameters, gradients, momentum for ZeRO `stage`.
@@ -1663,26 +1634,6 @@ def zero_bubble_schedule(num_stages, num_microbatches):
         orders.append(order + waiting)
     return _interleave(orders)
 
-def pipelining_worker(rank, world_size, init_method, X, y,
-                      num_microbatches, depth, width):
-    """Worker: one minibatch through Schedule1F1B as stage `rank`.
-
-    Defined in :numref:`sec_pipeline`"""
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
-    with process_group(rank, world_size, init_method) as device:
-        stage = nn.Sequential(*split_stages(pipeline_mlp(depth, width),
-                                            world_size)[rank]).to(device)
-        schedule = Schedule1F1B(
-            PipelineStage(stage, rank, world_size, device), num_microbatches,
-            loss_fn=F.cross_entropy)
-        X, y, losses = tensor(X, device), tensor(y, device), []
-        if rank == world_size - 1:  # the last stage gets the targets
-            schedule.step(target=y, losses=losses)
-        else:  # the first gets the inputs, any other nothing
-            schedule.step(*[X] if rank == 0 else [])
-        return (sum(float(l.detach()) for l in losses) / num_microbatches,
-                _grads([stage]))
-
 class CountingAllreduce:
     """Sums tensors in place over the ranks of `group`; counts the bytes."""
     def __init__(self, group=None):
@@ -1820,24 +1771,6 @@ def gather_shards(results, key='grads'):
             numpy.concatenate([r[key][i] for r in results], axis)
             for i, axis in enumerate(results[0]['axes'])]
 
-def parallelize_module_demo(rank, world_size, init_method, d, hidden,
-                            batch_size):
-    """Worker: one pass of the MLP block under parallelize_module.
-
-    Defined in :numref:`sec_tensor_parallelism`"""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.parallel import (ColwiseParallel,
-                                                   RowwiseParallel,
-                                                   parallelize_module)
-    with process_group(rank, world_size, init_method) as device:
-        mesh = init_device_mesh(device.type, (world_size,))
-        net = parallelize_module(block_mlp(d, hidden), mesh, {
-            '0': ColwiseParallel(), '2': RowwiseParallel()})
-        result = mlp_pass(net, *mlp_data(batch_size, d))
-        result['shapes'] = {name: tuple(p.to_local().shape)
-                            for name, p in net.named_parameters()}
-        return result
-
 def mesh_allreduces(dp, tp):
     """This rank's (data, tensor) CountingAllreduce in a dp x tp mesh.
 
@@ -1871,6 +1804,58 @@ def mesh_worker(rank, world_size, init_method, d, hidden, batch_size):
                  for g in result['grads']]
         return {'grads': grads, 'axes': _shard_axes(net),
                 'tensor': dict(tensor.sent), 'data': dict(data.sent)}
+
+def head_order(h, num_heads, k):
+    """Columns of a fused Q, K, V projection, regrouped rank by rank.
+
+    Defined in :numref:`sec_tp_transformer`"""
+    d2l.check_head_split(h, num_heads, k)
+    return numpy.arange(3 * h).reshape(3, k, h // k).transpose(1, 0, 2).ravel()
+
+def by_heads(qkv, order):
+    """A copy of the linear layer `qkv` with its outputs taken in `order`.
+
+    Defined in :numref:`sec_tp_transformer`"""
+    copy = nn.Linear(qkv.in_features, qkv.out_features)
+    order = torch.as_tensor(order)
+    copy.weight.data = qkv.weight.detach()[order].clone()
+    copy.bias.data = qkv.bias.detach()[order].clone()
+    return copy
+
+def tp_block(blk, allreduce):
+    """This rank's part of TransformerBlock `blk`: its heads and MLP units.
+
+    Defined in :numref:`sec_tp_transformer`"""
+    order = head_order(blk.proj.weight.shape[0], blk.num_heads, allreduce.size)
+    layers = {'qkv': ColumnParallelLinear(by_heads(blk.qkv, order), allreduce),
+              'proj': RowParallelLinear(blk.proj, allreduce),
+              'fc1': ColumnParallelLinear(blk.fc1, allreduce),
+              'fc2': RowParallelLinear(blk.fc2, allreduce)}
+    for name, layer in layers.items():  # in the order the block made them
+        delattr(blk, name)  # Gluon refuses a new type under an old name
+        setattr(blk, name, layer)
+    blk.num_heads //= allreduce.size
+    return blk
+
+def seeded_block(h, num_heads, seed=0):
+    """A TransformerBlock of width h with num_heads heads, from `seed`.
+
+    Defined in :numref:`sec_tp_transformer`"""
+    _manual_seed(seed)
+    return TransformerBlock(h, num_heads)
+
+def tp_block_worker(rank, world_size, init_method, h, num_heads, b, s):
+    """Worker: one pass of the tensor-parallel block; results and bytes.
+
+    Defined in :numref:`sec_tp_transformer`"""
+    with _group(rank, world_size, init_method):
+        allreduce = CountingAllreduce()
+        net = tp_block(seeded_block(h, num_heads), allreduce)
+        layers = [net.qkv, net.proj, net.fc1, net.fc2]
+        axes = [None] * 4 + [a for layer in layers for a in layer.shard_axes]
+        X, Y = [x.reshape((b, s, h)) for x in mlp_data(b * s, h)]
+        result = mlp_pass(net, X, Y)
+        return dict(result, sent=dict(allreduce.sent), axes=axes)
 
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
