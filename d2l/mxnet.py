@@ -168,70 +168,6 @@ def sgd(params, lr, batch_size):
     for param in _check_sgd(params, lr, batch_size):
         param[:] = param - lr * param.grad / batch_size
 
-class Animator:
-    """Plot curves that grow one point at a time, redrawn in Jupyter."""
-    def __init__(self, xlabel=None, ylabel=None, legend=None, xlim=None,
-                 ylim=None, xscale='linear', yscale='linear',
-                 fmts=('-', 'm--', 'g-.', 'r:'), nrows=1, ncols=1,
-                 figsize=(3.5, 2.5)):
-        """Defined in :numref:`sec_helpers`"""
-        # A Figure not registered with pyplot is shown only when we ask,
-        # so Jupyter does not print it a second time at the end of the cell.
-        from matplotlib.figure import Figure
-        d2l.check_count(nrows, 'nrows', 1)
-        d2l.check_count(ncols, 'ncols', 1)
-        use_svg_display()
-        self.fig = Figure(figsize=figsize)
-        self.axes = [self.fig.add_subplot(nrows, ncols, i + 1)
-                     for i in range(nrows * ncols)]
-        self.legend, self.fmts = legend, fmts
-        self.style = dict(xlabel=xlabel, ylabel=ylabel, xlim=xlim, ylim=ylim,
-                          xscale=xscale, yscale=yscale)
-        self.X, self.Y = None, None
-        self._shown = None  # the notebook display that add() updates
-
-    def draw(self):
-        """Redraw every curve on the first axes.
-    
-        Defined in :numref:`sec_helpers`"""
-        ax = self.axes[0]
-        ax.cla()
-        for xs, ys, fmt in zip(self.X or [], self.Y or [], self.fmts):
-            ax.plot(xs, ys, fmt)
-        ax.set(**{k: v for k, v in self.style.items() if v is not None})
-        if self.legend:
-            ax.legend(self.legend)
-        ax.grid(True)
-    
-
-    def savefig(self, path):
-        """Write the current figure to `path` (SVG, PNG or PDF by extension).
-    
-        Defined in :numref:`sec_helpers`"""
-        self.draw()
-        self.fig.savefig(path, bbox_inches='tight')
-
-    def add(self, x, y):
-        """Append one point to each curve (`y`: a value or one per curve).
-    
-        Defined in :numref:`sec_helpers`"""
-        xs, ys = _points(x, y, self.Y)
-        if self.X is None:
-            self.X, self.Y = [[] for _ in ys], [[] for _ in ys]
-        for i, (a, b) in enumerate(zip(xs, ys)):
-            if a is not None and b is not None:
-                self.X[i].append(a)
-                self.Y[i].append(b)
-        self.draw()
-        if in_notebook():
-            # One output, replaced in place: later prints of the cell appear
-            # below it and never clear it.
-            from IPython import display
-            if self._shown is None:
-                self._shown = display.display(self.fig, display_id=True)
-            else:
-                self._shown.update(self.fig)
-
 QUICK_MAX_EPOCHS = 1
 
 def quick_mode(gpus_found):
@@ -1147,13 +1083,29 @@ class TransformerBlock(nn.Block):
         self.fc1, self.fc2 = dense(h, 4 * h), dense(4 * h, h)
 
     def forward(self, X):  # X: (b, s, h)
-        b, s = X.shape[:2]
-        QKV = self.qkv(self.ln1(X)).reshape(b, s, 3, self.num_heads, -1)
-        Q, K, V = QKV.transpose(2, 0, 3, 1, 4)  # each (b, heads, s, h/heads)
+        QKV = self.qkv(self.ln1(X))
+        b, s = QKV.shape[:2]  # every token, even when X holds some of them
+        QKV = QKV.reshape(b, s, self.num_heads, 3, -1)  # per head: Q, K, V
+        Q, K, V = QKV.transpose(3, 0, 2, 1, 4)  # each (b, heads, s, h/heads)
         A = npx.softmax(Q @ K.transpose(0, 1, 3, 2) / Q.shape[-1] ** 0.5)
         X = X + self.proj((A @ V).transpose(0, 2, 1, 3).reshape(b, s, -1))
         H = npx.leaky_relu(self.fc1(self.ln2(X)), act_type='gelu')
         return X + self.fc2(H)
+
+@contextlib.contextmanager
+def saved_tensors(net):
+    """Bytes of the input of each layer of `net` meanwhile, by address.
+
+    Defined in :numref:`sec_memory`"""
+    found, alive = {}, []
+    def keep(layer, inputs, output):
+        for x in inputs:
+            found[id(x)] = x.size * numpy.dtype(x.dtype).itemsize
+            alive.append(x)  # so that no later array takes over its id
+    hooks = [c.register_forward_hook(keep) for c in net._children.values()]
+    yield found
+    for hook in hooks:
+        hook.detach()
 
 def block_activation_bytes(s, b, h, a, e=4):
     """Bytes a TransformerBlock keeps for backward, e bytes per number.
@@ -1743,33 +1695,17 @@ def mesh_worker(rank, world_size, init_method, d, hidden, batch_size):
         return {'grads': grads, 'axes': _shard_axes(net),
                 'tensor': dict(tensor.sent), 'data': dict(data.sent)}
 
-def head_order(h, num_heads, k):
-    """Columns of a fused Q, K, V projection, regrouped rank by rank.
+def tp_block(blk, allreduce, sequence=False):
+    """This rank's part of TransformerBlock `blk`: heads, MLP units, tokens.
 
     Defined in :numref:`sec_tp_transformer`"""
-    d2l.check_head_split(h, num_heads, k)
-    return numpy.arange(3 * h).reshape(3, k, h // k).transpose(1, 0, 2).ravel()
-
-def by_heads(qkv, order):
-    """A copy of the dense layer `qkv` with its outputs taken in `order`.
-
-    Defined in :numref:`sec_tp_transformer`"""
-    w, b = qkv.weight.data().asnumpy(), qkv.bias.data().asnumpy()
-    copy = nn.Dense(w.shape[0], in_units=w.shape[1], flatten=False)
-    copy.initialize()
-    copy.weight.set_data(np.array(w[order]))
-    copy.bias.set_data(np.array(b[order]))
-    return copy
-
-def tp_block(blk, allreduce):
-    """This rank's part of TransformerBlock `blk`: its heads and MLP units.
-
-    Defined in :numref:`sec_tp_transformer`"""
-    order = head_order(blk.proj.weight.shape[0], blk.num_heads, allreduce.size)
-    layers = {'qkv': ColumnParallelLinear(by_heads(blk.qkv, order), allreduce),
-              'proj': RowParallelLinear(blk.proj, allreduce),
-              'fc1': ColumnParallelLinear(blk.fc1, allreduce),
-              'fc2': RowParallelLinear(blk.fc2, allreduce)}
+    d2l.check_head_split(blk.num_heads, allreduce.size)
+    column, row = ((SequenceColumnParallel, SequenceRowParallel) if sequence
+                   else (ColumnParallelLinear, RowParallelLinear))
+    layers = {'qkv': column(blk.qkv, allreduce),
+              'proj': row(blk.proj, allreduce),
+              'fc1': column(blk.fc1, allreduce),
+              'fc2': row(blk.fc2, allreduce)}
     for name, layer in layers.items():  # in the order the block made them
         delattr(blk, name)  # Gluon refuses a new type under an old name
         setattr(blk, name, layer)
@@ -1785,18 +1721,80 @@ def seeded_block(h, num_heads, seed=0):
     blk.initialize()
     return blk
 
-def tp_block_worker(rank, world_size, init_method, h, num_heads, b, s):
-    """Worker: one pass of the tensor-parallel block; results and bytes.
+def tp_block_worker(rank, world_size, init_method, h, num_heads, b, s,
+                    sequence=False):
+    """Worker: a pass of the split block; results, bytes, activation bytes.
 
     Defined in :numref:`sec_tp_transformer`"""
     with _group(rank, world_size, init_method):
-        allreduce = CountingAllreduce()
-        net = tp_block(seeded_block(h, num_heads), allreduce)
+        comm = TokenExchange()
+        net = tp_block(seeded_block(h, num_heads), comm, sequence)
         layers = [net.qkv, net.proj, net.fc1, net.fc2]
         axes = [None] * 4 + [a for layer in layers for a in layer.shard_axes]
         X, Y = [x.reshape((b, s, h)) for x in mlp_data(b * s, h)]
-        result = mlp_pass(net, X, Y)
-        return dict(result, sent=dict(allreduce.sent), axes=axes)
+        if sequence:  # this rank's tokens
+            X, Y = [x[:, rank * s // world_size:(rank + 1) * s // world_size]
+                    for x in (X, Y)]
+        result = dict(mlp_pass(net, X, Y), axes=axes)
+        if sequence:  # whole parameters saw only this rank's tokens
+            result['grads'] = [g if a is not None else
+                               _to_numpy(comm(_from_numpy(g), 'whole'))
+                               for g, a in zip(result['grads'], axes)]
+        result['sent'] = dict(comm.sent)
+        with saved_tensors(net) as kept:  # a forward pass of its own
+            net(X)
+        return dict(result, kept=sum(kept.values()))
+
+tp_block_worker.check = d2l.check_tp_block_worker  # before any process
+
+class TokenExchange(d2l.CountingAllreduce):
+    """A CountingAllreduce that also gathers and scatters tokens (axis 1).
+
+    Defined in :numref:`sec_tp_transformer`"""
+    def all_gather(self, x, name):
+        slots = np.zeros((self.size,) + x.shape)
+        slots[self.rank] = x
+        self(slots, name)  # the sum holds every worker's tokens
+        return np.concatenate([slots[i] for i in range(self.size)], 1)
+
+    def reduce_scatter(self, x, name):
+        total = self(x.copy(), name)
+        return np.split(total, self.size, 1)[self.rank]
+
+class _TokenExchange(autograd.Function):
+    """Gather tokens forward and scatter their gradient back, or the reverse.
+
+    Defined in :numref:`sec_tp_transformer`"""
+    def __init__(self, comm, gather):
+        super().__init__()
+        self.comm, self.gather = comm, gather
+
+    def forward(self, x):
+        comm = self.comm
+        step = comm.all_gather if self.gather else comm.reduce_scatter
+        return step(x, 'forward')
+
+    def backward(self, grad):  # MXNet passes and wants classic NDArrays
+        comm = self.comm
+        step = comm.reduce_scatter if self.gather else comm.all_gather
+        return step(grad.as_np_ndarray(), 'backward').as_nd_ndarray()
+
+class SequenceColumnParallel(d2l.ColumnParallelLinear):
+    """A ColumnParallelLinear fed this rank's tokens; it gathers all first.
+
+    Defined in :numref:`sec_tp_transformer`"""
+    def forward(self, X):
+        X = _TokenExchange(self.allreduce, True)(X)
+        return np.dot(X, self.weight.data().T) + self.bias.data()
+
+class SequenceRowParallel(d2l.RowParallelLinear):
+    """A RowParallelLinear that returns the sums for this rank's tokens.
+
+    Defined in :numref:`sec_tp_transformer`"""
+    def forward(self, H):
+        partial = np.dot(H, self.weight.data().T)
+        total = _TokenExchange(self.allreduce, False)(partial)
+        return total + self.bias.data()
 
 import contextlib
 import math

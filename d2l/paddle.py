@@ -171,70 +171,6 @@ def sgd(params, lr, batch_size):
             param.set_value(param - lr * param.grad / batch_size)
             param.clear_gradient()
 
-class Animator:
-    """Plot curves that grow one point at a time, redrawn in Jupyter."""
-    def __init__(self, xlabel=None, ylabel=None, legend=None, xlim=None,
-                 ylim=None, xscale='linear', yscale='linear',
-                 fmts=('-', 'm--', 'g-.', 'r:'), nrows=1, ncols=1,
-                 figsize=(3.5, 2.5)):
-        """Defined in :numref:`sec_helpers`"""
-        # A Figure not registered with pyplot is shown only when we ask,
-        # so Jupyter does not print it a second time at the end of the cell.
-        from matplotlib.figure import Figure
-        d2l.check_count(nrows, 'nrows', 1)
-        d2l.check_count(ncols, 'ncols', 1)
-        use_svg_display()
-        self.fig = Figure(figsize=figsize)
-        self.axes = [self.fig.add_subplot(nrows, ncols, i + 1)
-                     for i in range(nrows * ncols)]
-        self.legend, self.fmts = legend, fmts
-        self.style = dict(xlabel=xlabel, ylabel=ylabel, xlim=xlim, ylim=ylim,
-                          xscale=xscale, yscale=yscale)
-        self.X, self.Y = None, None
-        self._shown = None  # the notebook display that add() updates
-
-    def draw(self):
-        """Redraw every curve on the first axes.
-    
-        Defined in :numref:`sec_helpers`"""
-        ax = self.axes[0]
-        ax.cla()
-        for xs, ys, fmt in zip(self.X or [], self.Y or [], self.fmts):
-            ax.plot(xs, ys, fmt)
-        ax.set(**{k: v for k, v in self.style.items() if v is not None})
-        if self.legend:
-            ax.legend(self.legend)
-        ax.grid(True)
-    
-
-    def savefig(self, path):
-        """Write the current figure to `path` (SVG, PNG or PDF by extension).
-    
-        Defined in :numref:`sec_helpers`"""
-        self.draw()
-        self.fig.savefig(path, bbox_inches='tight')
-
-    def add(self, x, y):
-        """Append one point to each curve (`y`: a value or one per curve).
-    
-        Defined in :numref:`sec_helpers`"""
-        xs, ys = _points(x, y, self.Y)
-        if self.X is None:
-            self.X, self.Y = [[] for _ in ys], [[] for _ in ys]
-        for i, (a, b) in enumerate(zip(xs, ys)):
-            if a is not None and b is not None:
-                self.X[i].append(a)
-                self.Y[i].append(b)
-        self.draw()
-        if in_notebook():
-            # One output, replaced in place: later prints of the cell appear
-            # below it and never clear it.
-            from IPython import display
-            if self._shown is None:
-                self._shown = display.display(self.fig, display_id=True)
-            else:
-                self._shown.update(self.fig)
-
 QUICK_MAX_EPOCHS = 1
 
 def quick_mode(gpus_found):
@@ -1235,12 +1171,27 @@ class TransformerBlock(nn.Layer):
         self.fc1, self.fc2 = nn.Linear(h, 4 * h), nn.Linear(4 * h, h)
 
     def forward(self, X):  # X: (b, s, h)
-        b, s = X.shape[:2]
-        QKV = self.qkv(self.ln1(X)).reshape([b, s, 3, self.num_heads, -1])
-        Q, K, V = QKV.transpose([2, 0, 3, 1, 4]).unbind(0)  # (b, heads, s, .)
+        QKV = self.qkv(self.ln1(X))
+        b, s = QKV.shape[:2]  # every token, even when X holds some of them
+        QKV = QKV.reshape([b, s, self.num_heads, 3, -1])  # per head: Q, K, V
+        Q, K, V = QKV.transpose([3, 0, 2, 1, 4]).unbind(0)  # (b, heads, s, .)
         A = F.softmax(Q @ K.transpose([0, 1, 3, 2]) / Q.shape[-1] ** 0.5, -1)
         X = X + self.proj((A @ V).transpose([0, 2, 1, 3]).reshape([b, s, -1]))
         return X + self.fc2(F.gelu(self.fc1(self.ln2(X))))
+
+@contextlib.contextmanager
+def saved_tensors(net):
+    """Bytes of each activation autograd keeps meanwhile, by address.
+
+    Defined in :numref:`sec_memory`"""
+    weights = {p.data_ptr() for p in net.parameters()}
+    found = {}
+    def keep(t):
+        if t.data_ptr() not in weights:
+            found[t.data_ptr()] = max(_nbytes(t), found.get(t.data_ptr(), 0))
+        return t
+    with paddle.autograd.saved_tensors_hooks(keep, lambda t: t):
+        yield found
 
 def block_activation_bytes(s, b, h, a, e=4):
     """Bytes a TransformerBlock keeps for backward, e bytes per number.
@@ -1823,31 +1774,17 @@ def mesh_worker(rank, world_size, init_method, d, hidden, batch_size):
         return {'grads': grads, 'axes': _shard_axes(net),
                 'tensor': dict(tensor.sent), 'data': dict(data.sent)}
 
-def head_order(h, num_heads, k):
-    """Columns of a fused Q, K, V projection, regrouped rank by rank.
+def tp_block(blk, allreduce, sequence=False):
+    """This rank's part of TransformerBlock `blk`: heads, MLP units, tokens.
 
     Defined in :numref:`sec_tp_transformer`"""
-    d2l.check_head_split(h, num_heads, k)
-    return numpy.arange(3 * h).reshape(3, k, h // k).transpose(1, 0, 2).ravel()
-
-def by_heads(qkv, order):
-    """A copy of the linear layer `qkv` with its outputs taken in `order`.
-
-    Defined in :numref:`sec_tp_transformer`"""
-    copy = nn.Linear(*qkv.weight.shape)  # weight: (in, out)
-    copy.weight.set_value(qkv.weight.numpy()[:, order])
-    copy.bias.set_value(qkv.bias.numpy()[order])
-    return copy
-
-def tp_block(blk, allreduce):
-    """This rank's part of TransformerBlock `blk`: its heads and MLP units.
-
-    Defined in :numref:`sec_tp_transformer`"""
-    order = head_order(blk.proj.weight.shape[0], blk.num_heads, allreduce.size)
-    layers = {'qkv': ColumnParallelLinear(by_heads(blk.qkv, order), allreduce),
-              'proj': RowParallelLinear(blk.proj, allreduce),
-              'fc1': ColumnParallelLinear(blk.fc1, allreduce),
-              'fc2': RowParallelLinear(blk.fc2, allreduce)}
+    d2l.check_head_split(blk.num_heads, allreduce.size)
+    column, row = ((SequenceColumnParallel, SequenceRowParallel) if sequence
+                   else (ColumnParallelLinear, RowParallelLinear))
+    layers = {'qkv': column(blk.qkv, allreduce),
+              'proj': row(blk.proj, allreduce),
+              'fc1': column(blk.fc1, allreduce),
+              'fc2': row(blk.fc2, allreduce)}
     for name, layer in layers.items():  # in the order the block made them
         delattr(blk, name)  # Gluon refuses a new type under an old name
         setattr(blk, name, layer)
@@ -1861,18 +1798,79 @@ def seeded_block(h, num_heads, seed=0):
     _manual_seed(seed)
     return TransformerBlock(h, num_heads)
 
-def tp_block_worker(rank, world_size, init_method, h, num_heads, b, s):
-    """Worker: one pass of the tensor-parallel block; results and bytes.
+def tp_block_worker(rank, world_size, init_method, h, num_heads, b, s,
+                    sequence=False):
+    """Worker: a pass of the split block; results, bytes, activation bytes.
 
     Defined in :numref:`sec_tp_transformer`"""
     with _group(rank, world_size, init_method):
-        allreduce = CountingAllreduce()
-        net = tp_block(seeded_block(h, num_heads), allreduce)
+        comm = TokenExchange()
+        net = tp_block(seeded_block(h, num_heads), comm, sequence)
         layers = [net.qkv, net.proj, net.fc1, net.fc2]
         axes = [None] * 4 + [a for layer in layers for a in layer.shard_axes]
         X, Y = [x.reshape((b, s, h)) for x in mlp_data(b * s, h)]
-        result = mlp_pass(net, X, Y)
-        return dict(result, sent=dict(allreduce.sent), axes=axes)
+        if sequence:  # this rank's tokens
+            X, Y = [x[:, rank * s // world_size:(rank + 1) * s // world_size]
+                    for x in (X, Y)]
+        result = dict(mlp_pass(net, X, Y), axes=axes)
+        if sequence:  # whole parameters saw only this rank's tokens
+            result['grads'] = [g if a is not None else
+                               _to_numpy(comm(_from_numpy(g), 'whole'))
+                               for g, a in zip(result['grads'], axes)]
+        result['sent'] = dict(comm.sent)
+        with saved_tensors(net) as kept:  # a forward pass of its own
+            net(X)
+        return dict(result, kept=sum(kept.values()))
+
+tp_block_worker.check = d2l.check_tp_block_worker  # before any process
+
+class TokenExchange(d2l.CountingAllreduce):
+    """A CountingAllreduce that also gathers and scatters tokens (axis 1).
+
+    Defined in :numref:`sec_tp_transformer`"""
+    def all_gather(self, x, name):
+        parts = []
+        dist.all_gather(parts, x, group=self.group)
+        self.sent[name] = self.sent.get(name, 0) + self.size * _nbytes(x)
+        return paddle.concat(parts, 1)
+
+    def reduce_scatter(self, x, name):
+        total = x.clone()
+        dist.all_reduce(total, group=self.group)
+        self.sent[name] = self.sent.get(name, 0) + _nbytes(x)
+        return total.chunk(self.size, 1)[self.rank]
+
+class _TokenExchange(paddle.autograd.PyLayer):
+    """Gather tokens forward and scatter their gradient back, or the reverse.
+
+    Defined in :numref:`sec_tp_transformer`"""
+    @staticmethod
+    def forward(ctx, x, comm, gather):
+        ctx.comm, ctx.gather = comm, gather
+        step = comm.all_gather if gather else comm.reduce_scatter
+        return step(x, 'forward')
+
+    @staticmethod
+    def backward(ctx, grad):
+        comm = ctx.comm
+        step = comm.reduce_scatter if ctx.gather else comm.all_gather
+        return step(grad, 'backward')
+
+class SequenceColumnParallel(d2l.ColumnParallelLinear):
+    """A ColumnParallelLinear fed this rank's tokens; it gathers all first.
+
+    Defined in :numref:`sec_tp_transformer`"""
+    def forward(self, X):
+        X = _TokenExchange.apply(X, self.allreduce, True)
+        return X @ self.weight + self.bias
+
+class SequenceRowParallel(d2l.RowParallelLinear):
+    """A RowParallelLinear that returns the sums for this rank's tokens.
+
+    Defined in :numref:`sec_tp_transformer`"""
+    def forward(self, H):
+        partial = H @ self.weight
+        return _TokenExchange.apply(partial, self.allreduce, False) + self.bias
 
 import contextlib
 import math

@@ -263,6 +263,63 @@ def add_to_class(Class):
     return attach
 
 
+class Animator:
+    """Plot curves that grow one point at a time, redrawn in Jupyter."""
+    def __init__(self, xlabel=None, ylabel=None, legend=None, xlim=None,
+                 ylim=None, xscale='linear', yscale='linear',
+                 fmts=('-', 'm--', 'g-.', 'r:'), nrows=1, ncols=1,
+                 figsize=(3.5, 2.5)):
+        # A Figure not registered with pyplot is shown only when we ask,
+        # so Jupyter does not print it a second time at the end of the cell.
+        from matplotlib.figure import Figure
+        check_count(nrows, 'nrows', 1)
+        check_count(ncols, 'ncols', 1)
+        use_svg_display()
+        self.fig = Figure(figsize=figsize)
+        self.axes = [self.fig.add_subplot(nrows, ncols, i + 1)
+                     for i in range(nrows * ncols)]
+        self.legend, self.fmts = legend, fmts
+        self.style = dict(xlabel=xlabel, ylabel=ylabel, xlim=xlim, ylim=ylim,
+                          xscale=xscale, yscale=yscale)
+        self.X, self.Y = None, None
+        self._shown = None  # the notebook display that add() updates
+
+    def draw(self):
+        """Redraw every curve on the first axes, from a clean axis."""
+        ax = self.axes[0]
+        ax.cla()
+        for xs, ys, fmt in zip(self.X or [], self.Y or [], self.fmts):
+            ax.plot(xs, ys, fmt)
+        ax.set(**{k: v for k, v in self.style.items() if v is not None})
+        if self.legend:
+            ax.legend(self.legend)
+        ax.grid(True)
+
+    def savefig(self, path):
+        """Write the current figure to `path` (SVG, PNG or PDF by extension)."""
+        self.draw()
+        self.fig.savefig(path, bbox_inches='tight')
+
+    def add(self, x, y):
+        """Append one point to each curve (`y`: a value or one per curve)."""
+        xs, ys = _points(x, y, self.Y)
+        if self.X is None:
+            self.X, self.Y = [[] for _ in ys], [[] for _ in ys]
+        for i, (a, b) in enumerate(zip(xs, ys)):
+            if a is not None and b is not None:
+                self.X[i].append(a)
+                self.Y[i].append(b)
+        self.draw()
+        if in_notebook():
+            # One output, replaced in place: later prints of the cell appear
+            # below it and never clear it.
+            from IPython import display
+            if self._shown is None:
+                self._shown = display.display(self.fig, display_id=True)
+            else:
+                self._shown.update(self.fig)
+
+
 def _pin_threads(core):
     """Keep every thread of this process on core `core`, if the OS lets us."""
     if not hasattr(os, 'sched_setaffinity'):  # macOS and Windows
@@ -1438,14 +1495,29 @@ def check_heads(h, num_heads):
           f'h={h}: each head gets h/num_heads features')
 
 
-def check_head_split(h, num_heads, k):
-    """Reject a width, head count or rank count that tensor parallelism
-    cannot split: each of `k` ranks computes whole heads."""
-    check_heads(h, num_heads)
+def check_head_split(num_heads, k):
+    """Reject `k` tensor-parallel ranks that cannot share `num_heads` heads."""
+    check_count(num_heads, 'num_heads', 1)
     check_count(k, 'k', 1)
     check(num_heads % k == 0, lambda: f'num_heads={num_heads} heads cannot be '
           f'split over k={k} ranks: each rank computes whole heads; use a k '
           f'that divides num_heads')
+
+
+def check_token_split(s, k, sequence):
+    """Reject `k` sequence-parallel ranks that cannot share `s` tokens."""
+    check_count(s, 's', 1)
+    check(not sequence or s % k == 0, lambda: f's={s} tokens cannot be split '
+          f'evenly over {k} ranks; use a sequence length that k divides')
+
+
+def check_tp_block_worker(world_size, init_method, h, num_heads, b, s,
+                          sequence=False):
+    """Refuse sizes that tp_block_worker's ranks cannot split."""
+    check_heads(h, num_heads)
+    check_head_split(num_heads, world_size)
+    check_count(b, 'b', 1)
+    check_token_split(s, world_size, sequence)
 
 
 def check_mlp_sizes(d, hidden, seed):

@@ -6,7 +6,7 @@ import types
 import pytest
 
 FLAVOURS = ('torch', 'mxnet', 'paddle')
-# Names that readers know from d2l; each flavour defines every one of them.
+# Names that readers know from d2l; each flavour offers every one of them.
 D2L_NAMES = ('Accumulator', 'Animator', 'Residual', 'Timer', 'accuracy',
              'evaluate_accuracy_gpu', 'evaluate_accuracy_gpus',
              'load_data_fashion_mnist', 'resnet18', 'sgd', 'split_batch',
@@ -81,8 +81,10 @@ def test_shared_names_have_the_same_parameters_in_every_flavour(flavours):
     assert not mismatches, 'shared names differ:\n' + '\n'.join(mismatches)
 
 
-def test_every_flavour_defines_the_names_readers_know_from_d2l(flavours):
-    missing = {f: [n for n in D2L_NAMES if n not in flavours[f]] for f in FLAVOURS}
+def test_every_flavour_offers_the_names_readers_know_from_d2l(flavours):
+    # its own, or the machinery's (Animator), as d2l.name
+    missing = {f: [n for n in D2L_NAMES if n not in flavours[f] and not
+                   callable(getattr(_module(f), n, None))] for f in FLAVOURS}
     assert not any(missing.values()), missing
 
 

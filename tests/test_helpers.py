@@ -472,7 +472,7 @@ def test_helpers_have_the_same_signature_in_every_framework():
     modules = [importlib.import_module(f'd2l.{MODULES[f]}') for f in FRAMEWORKS]
     expected = {'try_gpu', 'try_all_gpus', 'try_gpus', 'describe_devices',
                 'Timer', 'Accumulator', 'accuracy', 'evaluate_accuracy_gpu',
-                'sgd', 'Animator', 'load_data_fashion_mnist', 'Residual'}
+                'sgd', 'load_data_fashion_mnist', 'Residual'}
     seen = [saved_signatures(m, 'sec_helpers', also=expected) for m in modules]
     shared = set.intersection(*(set(names) for names in seen))
     assert expected <= shared

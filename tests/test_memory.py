@@ -65,7 +65,7 @@ def test_measured_activation_bytes_equal_the_formula(framework, d2l, page,
     if framework == 'mxnet':
         pytest.skip('MXNet has no hook on what its autograd keeps')
     (blk,), X = blocks_and_input(framework, d2l, page, 1, b, s, h, a)
-    with page['saved_tensors'](blk) as found:
+    with d2l.saved_tensors(blk) as found:
         Y = blk(X)
     assert tuple(Y.shape) == (b, s, h)
     assert sum(found.values()) == d2l.block_activation_bytes(s, b, h, a)
@@ -78,7 +78,7 @@ def test_recomputing_every_other_block_keeps_what_the_formula_says(
     b, s, h, a = 2, 8, 16, 2
     blocks, X = blocks_and_input(framework, d2l, page, 4, b, s, h, a)
     net = page['nn'].Sequential(*blocks)
-    with page['saved_tensors'](net) as found:
+    with d2l.saved_tensors(net) as found:
         inputs, _ = page['forward_keeping'](blocks, X, (1, 3))
     kept = sum(found.values()) + sum(page['nbytes'](inputs[i])
                                      for i in (1, 3))

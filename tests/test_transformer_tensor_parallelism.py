@@ -18,7 +18,8 @@ _results = {}
 
 
 def two_ranks(framework, deadline=240):
-    """The results by rank of tp_block_worker on two ranks, from a child Python."""
+    """{split: results by rank} of tp_block_worker on two ranks, tensor and
+    sequence parallel, from one child Python."""
     if framework in _results:
         return _results[framework]
     script = textwrap.dedent(f'''
@@ -34,9 +35,10 @@ def two_ranks(framework, deadline=240):
                 return [plain(v) for v in x]
             return x
 
-        ranks = d2l.spawn_ranks(d2l.tp_block_worker, 2, {RENDEZVOUS[framework]},
-                                {H}, {HEADS}, {B}, {S})
-        print({RESULT!r} + json.dumps(plain(ranks)), flush=True)
+        out = {{split: plain(d2l.spawn_ranks(
+            d2l.tp_block_worker, 2, {RENDEZVOUS[framework]}, {H}, {HEADS},
+            {B}, {S}, split == 'sequence')) for split in ('tensor', 'sequence')}}
+        print({RESULT!r} + json.dumps(out), flush=True)
     ''')
     proc = start([sys.executable, '-c', script], env=scenario_env())
     out, err = finish(proc, deadline)
@@ -50,41 +52,64 @@ def one_device(d2l):
     return d2l.mlp_pass(d2l.seeded_block(H, HEADS), X, Y)
 
 
-@pytest.mark.slow  # run once (pinned environment); its page runs in NumPy 2
-def test_two_way_head_parallel_block_equals_one_device(d2l, framework):
-    ranks = two_ranks(framework)
-    reference = one_device(d2l)
-    for r in ranks:  # every rank ends with the whole output and input grad
-        np.testing.assert_allclose(r['Z'], reference['Z'], atol=TOL)
-        assert abs(r['loss'] - reference['loss']) < TOL
-        np.testing.assert_allclose(r['dX'], reference['dX'], atol=TOL)
-    axes = ranks[0]['axes']
-    assert axes[:4] == [None] * 4  # the layer norms stay whole
+def assert_equals_one_device(d2l, ranks, sequence):
+    """The ranks' pieces put together are the unsplit block's results."""
+    reference, k = one_device(d2l), len(ranks) if sequence else 1
+    Z, dX = [np.concatenate([np.asarray(r[key]) for r in ranks], 1)
+             if sequence else np.asarray(ranks[0][key]) for key in ('Z', 'dX')]
+    np.testing.assert_allclose(Z, reference['Z'], atol=TOL)
+    np.testing.assert_allclose(dX / k, reference['dX'], atol=TOL)
+    assert abs(np.mean([r['loss'] for r in ranks]) - reference['loss']) < TOL
+    assert ranks[0]['axes'][:4] == [None] * 4  # the layer norms stay whole
     grads = d2l.gather_shards([dict(r, grads=[np.asarray(g) for g in
                                               r['grads']]) for r in ranks])
-    order = d2l.head_order(H, HEADS, 2)
-    for i, (g, e) in enumerate(zip(grads, reference['grads'])):
-        if i in (4, 5):  # the fused projection's columns, in head_order
-            e = np.take(e, order, axis=axes[i])
-        np.testing.assert_allclose(g, e, atol=TOL)
+    assert len(grads) == len(reference['grads'])
+    for g, e in zip(grads, reference['grads']):
+        np.testing.assert_allclose(g / k, e, atol=TOL)
+
+
+@pytest.mark.slow  # run once (pinned environment); its page runs in NumPy 2
+def test_two_way_head_parallel_block_equals_one_device(d2l, framework):
+    assert_equals_one_device(d2l, two_ranks(framework)['tensor'], False)
+
+
+@pytest.mark.slow
+def test_two_way_sequence_parallel_block_equals_one_device(d2l, framework):
+    assert_equals_one_device(d2l, two_ranks(framework)['sequence'], True)
 
 
 @pytest.mark.slow
 def test_each_direction_moves_two_block_activations(framework):
-    sent = two_ranks(framework)[0]['sent']
+    sent = two_ranks(framework)['tensor'][0]['sent']
     assert sent['forward'] == sent['backward'] == 2 * 4 * B * S * H
 
 
-def test_head_order_gives_each_rank_its_heads_queries_keys_values(d2l):
-    order = d2l.head_order(8, 4, 2)
-    assert order.tolist() == [0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19,
-                              4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23]
-    assert d2l.head_order(8, 4, 1).tolist() == list(range(24))
+@pytest.mark.slow
+def test_sequence_parallelism_hands_twice_the_bytes_to_half_size_exchanges(
+        framework):
+    sent = two_ranks(framework)['sequence'][0]['sent']
+    # two all-gathers and two reduce-scatters each way, whole activations;
+    # a ring sends (k - 1) / k of each, an allreduce twice that
+    assert sent['forward'] == sent['backward'] == 4 * 4 * B * S * H
+    assert sent['whole'] == 4 * 6 * H  # two norms' scales and shifts, 2 biases
 
 
-def test_a_head_count_that_k_does_not_divide_is_refused(d2l):
+@pytest.mark.slow
+def test_sequence_parallelism_keeps_fewer_activation_bytes(framework):
+    runs = two_ranks(framework)
+    kept = {split: [r['kept'] for r in ranks] for split, ranks in runs.items()}
+    assert all(0 < s < t for s, t in zip(kept['sequence'], kept['tensor']))
+
+
+def test_a_head_count_that_k_does_not_divide_is_refused_before_any_process(d2l):
     with pytest.raises(ValueError, match='num_heads=4 heads cannot be split '
                        'over k=3 ranks'):
-        d2l.head_order(64, 4, 3)
-    with pytest.raises(ValueError, match='num_heads=3 must divide h=64'):
-        d2l.head_order(64, 3, 1)
+        d2l.spawn_ranks(d2l.tp_block_worker, 3, None, 64, 4, 2, 6)
+
+
+def test_tokens_that_k_does_not_divide_are_refused_for_sequence_parallelism(
+        d2l):
+    with pytest.raises(ValueError, match='s=7 tokens cannot be split evenly '
+                       'over 2 ranks'):
+        d2l.spawn_ranks(d2l.tp_block_worker, 2, None, 64, 4, 2, 7, True)
+    d2l.check_tp_block_worker(2, None, 64, 4, 2, 7)  # fine without sequence
