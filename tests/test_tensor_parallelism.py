@@ -24,6 +24,17 @@ RUNS = {'k=1': ('tp_mlp_worker', 1, (8, 64, 6)),
         'k=2, uneven 32+31': ('tp_mlp_worker', 2, (8, 63, 6)),
         'wrong': ('_tp_wrong_worker', 2, (8, 16))}
 _results = {}
+# The child scripts' conversion of their results to JSON: arrays to lists.
+PLAIN = textwrap.indent(textwrap.dedent('''
+    def plain(x):
+        if hasattr(x, 'tolist'):
+            return x.tolist()
+        if isinstance(x, dict):
+            return {k: plain(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [plain(v) for v in x]
+        return x
+    '''), ' ' * 8)
 
 
 def runs(framework, deadline=240):
@@ -35,15 +46,7 @@ def runs(framework, deadline=240):
         import numpy
         from d2l import {MODULES[framework]} as d2l
 
-        def plain(x):
-            if isinstance(x, numpy.ndarray):
-                return x.tolist()
-            if isinstance(x, dict):
-                return {{k: plain(v) for k, v in x.items()}}
-            if isinstance(x, (list, tuple)):
-                return [plain(v) for v in x]
-            return x
-
+{PLAIN}
         out = {{}}
         for name, (worker, k, args) in {RUNS!r}.items():
             out[name] = plain(d2l.spawn_ranks(

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from test_process_groups import RESULT, finish, result_of, scenario_env, start
-from test_tensor_parallelism import MODULES, RENDEZVOUS
+from test_tensor_parallelism import MODULES, PLAIN, RENDEZVOUS
 
 TOL = 1e-5
 H, HEADS, B, S = 32, 4, 2, 8  # width, heads, sequences, tokens
@@ -26,15 +26,7 @@ def two_ranks(framework, deadline=240):
         import json
         from d2l import {MODULES[framework]} as d2l
 
-        def plain(x):
-            if hasattr(x, 'tolist'):
-                return x.tolist()
-            if isinstance(x, dict):
-                return {{k: plain(v) for k, v in x.items()}}
-            if isinstance(x, (list, tuple)):
-                return [plain(v) for v in x]
-            return x
-
+{PLAIN}
         out = {{split: plain(d2l.spawn_ranks(
             d2l.tp_block_worker, 2, {RENDEZVOUS[framework]}, {H}, {HEADS},
             {B}, {S}, split == 'sequence')) for split in ('tensor', 'sequence')}}
