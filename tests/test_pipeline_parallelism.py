@@ -279,6 +279,26 @@ def process_runs(d2l, X, y):
             + [[g.tolist() for g in records[-1]['grads']]])
 
 
+def schedule_1f1b(rank, world_size, init_method, X, y, m, depth, width):
+    """A rank of torch.distributed.pipelining's Schedule1F1B, as the page
+    runs it: its stage's loss average (last stage) and gradients."""
+    import torch
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+    from d2l import torch as d2l
+    with d2l.process_group(rank, world_size, init_method) as device:
+        layers = d2l.split_stages(d2l.pipeline_mlp(depth, width), world_size)
+        stage = torch.nn.Sequential(*layers[rank]).to(device)
+        schedule = Schedule1F1B(PipelineStage(stage, rank, world_size, device),
+                                m, loss_fn=torch.nn.functional.cross_entropy)
+        X, y, losses = d2l.tensor(X, device), d2l.tensor(y, device), []
+        if rank == world_size - 1:
+            schedule.step(target=y, losses=losses)
+        else:
+            schedule.step(*[X] if rank == 0 else [])
+        return (sum(float(l.detach()) for l in losses) / m,
+                [p.grad.cpu().numpy() for p in stage.parameters()])
+
+
 @pytest.mark.slow  # run once (pinned environment); its page runs in NumPy 2
 def test_two_stage_processes_compute_what_one_device_computes(d2l, framework):
     """Gloo processes (MXNet: threads on cpu(0), cpu(1)); the last run's
@@ -290,11 +310,13 @@ def test_two_stage_processes_compute_what_one_device_computes(d2l, framework):
     else:
         import inspect
         api = '''
-ranks = d2l.spawn_ranks(d2l.pipelining_worker, 2, d2l.local_init_method(),
+ranks = d2l.spawn_ranks(schedule_1f1b, 2, d2l.local_init_method(),
                         *sample(10), 5, 5, 16)
 out.append([ranks[-1][0], [g.tolist() for r in ranks for g in r[1]]])
 ''' if framework == 'pytorch' else ''
         out = run_scenario(framework, inspect.getsource(sample)
+                           + (inspect.getsource(schedule_1f1b)
+                              if framework == 'pytorch' else '')
                            + inspect.getsource(process_runs) + '''
 X, y = (d2l.tensor(a) for a in sample(10))
 out = process_runs(d2l, X, y)
