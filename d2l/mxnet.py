@@ -1762,7 +1762,7 @@ class TokenExchange(d2l.CountingAllreduce):
         return np.split(total, self.size, 1)[self.rank]
 
 class _TokenExchange(autograd.Function):
-    """Gather tokens forward and scatter their gradient back, or the reverse.
+    """Gather tokens forward and scatter gradients back, or the reverse.
 
     Defined in :numref:`sec_tp_transformer`"""
     def __init__(self, comm, gather):

@@ -1841,7 +1841,7 @@ class TokenExchange(d2l.CountingAllreduce):
         return total.chunk(self.size, 1)[self.rank]
 
 class _TokenExchange(paddle.autograd.PyLayer):
-    """Gather tokens forward and scatter their gradient back, or the reverse.
+    """Gather tokens forward and scatter gradients back, or the reverse.
 
     Defined in :numref:`sec_tp_transformer`"""
     @staticmethod

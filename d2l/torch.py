@@ -1824,7 +1824,7 @@ class TokenExchange(d2l.CountingAllreduce):
         return shard
 
 class _TokenExchange(torch.autograd.Function):
-    """Gather tokens forward and scatter their gradient back, or the reverse.
+    """Gather tokens forward and scatter gradients back, or the reverse.
 
     Defined in :numref:`sec_tp_transformer`"""
     @staticmethod
