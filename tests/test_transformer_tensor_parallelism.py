@@ -9,12 +9,14 @@ import textwrap
 import numpy as np
 import pytest
 
+from conftest import ROOT
 from test_process_groups import RESULT, finish, result_of, scenario_env, start
 from test_tensor_parallelism import MODULES, PLAIN, RENDEZVOUS
 
 TOL = 1e-5
 H, HEADS, B, S = 32, 4, 2, 8  # width, heads, sequences, tokens
 _results = {}
+PAGE = ROOT / 'chapter_multi_gpu' / 'transformer-tensor-parallelism.md'
 
 
 def two_ranks(framework, deadline=240):
@@ -105,3 +107,26 @@ def test_tokens_that_k_does_not_divide_are_refused_for_sequence_parallelism(
                        'over 2 ranks'):
         d2l.spawn_ranks(d2l.tp_block_worker, 2, None, 64, 4, 2, 7, True)
     d2l.check_tp_block_worker(2, None, 64, 4, 2, 7)  # fine without sequence
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('sequence', [False, True], ids=['tensor', 'sequence'])
+def test_pytorch_parallelize_module_on_the_block_equals_one_device(sequence):
+    from d2l import torch as d2l
+    script = textwrap.dedent(f'''
+        import json, pathlib, sys
+        sys.path.insert(0, {str(ROOT / 'tests')!r})
+        from conftest import page_definitions
+        page = page_definitions(pathlib.Path({str(PAGE)!r}), 'pytorch',
+                                ('def parallelize_block_demo',))
+        d2l = page['d2l']
+
+{PLAIN}
+        ranks = plain(d2l.spawn_ranks(
+            page['parallelize_block_demo'], 2, d2l.local_init_method(), {H},
+            {HEADS}, {B}, {S}, {sequence}))
+        print({RESULT!r} + json.dumps(ranks), flush=True)
+    ''')
+    proc = start([sys.executable, '-c', script], env=scenario_env())
+    out, err = finish(proc, 240)
+    assert_equals_one_device(d2l, result_of(out, err, proc), sequence)
