@@ -9,7 +9,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, page_definitions
 from test_process_groups import RESULT, finish, result_of, scenario_env, start
 from test_tensor_parallelism import MODULES, PLAIN, RENDEZVOUS
 
@@ -130,3 +130,14 @@ def test_pytorch_parallelize_module_on_the_block_equals_one_device(sequence):
     proc = start([sys.executable, '-c', script], env=scenario_env())
     out, err = finish(proc, 240)
     assert_equals_one_device(d2l, result_of(out, err, proc), sequence)
+
+
+def test_a_shared_seed_sliced_reproduces_the_unsplit_dropout_mask(framework):
+    page = page_definitions(PAGE, framework, ('def dropout_mask',))
+    whole = page['dropout_mask']((B, S, H), 0.5, 1)
+    for rank in range(2):
+        tokens = slice(rank * S // 2, (rank + 1) * S // 2)
+        sliced = page['dropout_mask']((B, S, H), 0.5, 1)[:, tokens]
+        own = page['dropout_mask']((B, S // 2, H), 0.5, 2 + rank)
+        assert (sliced == whole[:, tokens]).all()
+        assert 0.3 < (own == whole[:, tokens]).mean() < 0.7
