@@ -10,7 +10,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from conftest import ROOT, page_definitions
+from conftest import ROOT, numpy, page_definitions
 from test_process_groups import RESULT, finish, result_of, scenario_env, start
 from test_tensor_parallelism import PLAIN, RENDEZVOUS
 
@@ -18,15 +18,10 @@ PAGE = ROOT / 'chapter_multi_gpu' / 'vit-mesh.md'
 MODEL = ('def patches', 'optimizer =')  # the ViT, and the page's setup
 
 
-def as_numpy(x):
-    """A framework's array as a NumPy array."""
-    return x.asnumpy() if hasattr(x, 'asnumpy') else np.asarray(x)
-
-
 def test_the_vit_reads_an_image_as_its_patches_row_by_row(d2l, framework):
     page = page_definitions(PAGE, framework, ('def patches',))
     X = np.arange(2 * 28 * 28, dtype='float32').reshape(2, 1, 28, 28)
-    tokens = as_numpy(page['patches'](d2l.tensor(X), 7))
+    tokens = numpy(framework, page['patches'](d2l.tensor(X), 7))
     assert tokens.shape == (2, 16, 49)
     for i in range(4):
         for j in range(4):
