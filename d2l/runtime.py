@@ -1267,16 +1267,21 @@ def _queue_link(num_stages, num_microbatches, timeout_s, failed):
     send = lambda stage, op, i, x: boxes[stage, op, i].put(x)
     def recv(source, op, i):
         me = source + 1 if op == 'F' else source - 1
-        deadline = time.monotonic() + timeout_s
-        while not failed.is_set() and time.monotonic() < deadline:
-            try:
-                return boxes[me, op, i].get(timeout=0.05)
-            except queue.Empty:
-                pass
-        raise TimeoutError(f'stage {me} waited for {op} of micro-batch {i} '
-                           f'from stage {source}: ' + ('another stage failed'
-                           if failed.is_set() else f'over {timeout_s:g} s'))
+        return _next_message(boxes[me, op, i], failed.is_set, timeout_s, lambda: TimeoutError(
+            f'stage {me} waited for {op} of micro-batch {i} from stage {source}: '
+            + ('another stage failed' if failed.is_set() else f'over {timeout_s:g} s')))
     return send, recv
+
+
+def _next_message(box, stop, timeout_s, failure):
+    """The next item of queue `box`; raise failure() once stop() or after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while not stop() and time.monotonic() < deadline:
+        try:
+            return box.get(timeout=0.05)
+        except queue.Empty:
+            pass
+    raise failure()
 
 
 def _merge(records, grads=(), name='run_pipeline'):
@@ -2039,15 +2044,10 @@ def _group_helpers(d2l, dist):
                 outbox[stage % p].put(x.detach())
         def recv(source, op, i):
             key = (source + 1 if op == 'F' else source - 1, op, i)
-            deadline = time.monotonic() + timeout_s
-            while not errors and time.monotonic() < deadline:
-                try:
-                    return inbox[key].get(timeout=0.05)
-                except queue.Empty:
-                    pass
-            raise errors[0] if errors else TimeoutError(
-                f'rank {rank} waited {timeout_s:g} s for {op} of micro-batch '
-                f'{i} from stage {source}')
+            return _next_message(inbox[key], lambda: bool(errors), timeout_s, lambda: (
+                errors[0] if errors else TimeoutError(
+                    f'rank {rank} waited {timeout_s:g} s for {op} of micro-batch '
+                    f'{i} from stage {source}')))
         def finish():
             for thread in threads:
                 thread.join(timeout_s)
