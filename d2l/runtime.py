@@ -1671,7 +1671,8 @@ def check_tensor_prediction(t_compute, k, activation_bytes, alpha, beta,
     check_count(blocks, 'blocks', 1)
 
 
-def check_tensor_timing(k, d, hidden, batch_size, num_steps, reps):
+def check_tensor_timing(k, d, hidden, batch_size, num_steps, reps,
+                        num_heads=0, seq_len=1):
     """The checks of time_tensor_parallel."""
     check_count(k, 'k', 2, ' (one process splits nothing)')
     check_count(hidden, 'hidden', k, ' (a hidden unit per process)')
@@ -1679,6 +1680,15 @@ def check_tensor_timing(k, d, hidden, batch_size, num_steps, reps):
     check_count(batch_size, 'batch_size', 1)
     _check_sizes([4], reps)
     check_count(num_steps, 'num_steps', 1)
+    check_count(num_heads, 'num_heads')
+    check_count(seq_len, 'seq_len', 1)
+    if num_heads:
+        check_heads(d, num_heads)
+        check_head_split(num_heads, k)
+        check(seq_len % k == 0, lambda: f'seq_len={seq_len} tokens cannot be '
+              f'split evenly over k={k} ranks; use a seq_len that k divides')
+        check(hidden == 4 * d, lambda: f'hidden={hidden} must be 4 * d = '
+              f'{4 * d}: a TransformerBlock\'s MLP is 4 times as wide')
 
 
 def check_timing(num_steps, warmup, threads=1, reps=1):
@@ -1935,15 +1945,25 @@ def _shared_helpers(d2l):
             return errors
 
     def _tp_timing_worker(rank, world_size, init_method, d, hidden, batch_size,
-                          num_steps, reps):
-        """Worker: seconds per pass of the whole MLP block and of its part."""
+                          num_steps, reps, num_heads=0, seq_len=1):
+        """Worker: seconds per pass of the whole block and of its parts: the
+        MLP block's, or a TransformerBlock's tensor- and sequence-parallel."""
         with d2l._group(rank, world_size, init_method):
-            whole = d2l.block_mlp(d, hidden)
-            part = d2l.tp_mlp(d2l.block_mlp(d, hidden), d2l.CountingAllreduce())
-            X, Y = d2l.mlp_data(batch_size, d)
-            jobs = [lambda net=net: [d2l.mlp_pass(net, X, Y)
-                                     for _ in range(num_steps)]
-                    for net in (whole, part)]
+            X, Y = d2l.mlp_data(batch_size * seq_len, d)
+            if num_heads:  # batch_size sequences of seq_len tokens
+                X, Y = [x.reshape((batch_size, seq_len, d)) for x in (X, Y)]
+                mine = slice(rank * seq_len // world_size,
+                             (rank + 1) * seq_len // world_size)
+                comm = d2l.TokenExchange()  # MXNet: one store key per name
+                runs = [(d2l.seeded_block(d, num_heads), X, Y)] + [
+                    (d2l.tp_block(d2l.seeded_block(d, num_heads), comm, sequence),
+                     X[:, mine] if sequence else X, Y[:, mine] if sequence else Y)
+                    for sequence in (False, True)]
+            else:
+                runs = [(net, X, Y) for net in (d2l.block_mlp(d, hidden), d2l.tp_mlp(
+                    d2l.block_mlp(d, hidden), d2l.CountingAllreduce()))]
+            jobs = [lambda run=run: [d2l.mlp_pass(*run) for _ in range(num_steps)]
+                    for run in runs]
             for job in jobs:  # untimed: the first pass sets up buffers
                 job()
             seconds = _alternating_rounds(jobs, reps, d2l._tp_barrier)

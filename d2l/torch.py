@@ -1974,11 +1974,13 @@ def pipeline_work_and_span(times):
     return max(busy.values()), max(t[4] for t in times) - min(
         t[3] for t in times)
 
-def time_tensor_parallel(k, d, hidden, batch_size, num_steps=2, reps=3):
-    """Median seconds per pass of the whole MLP block and of its k parts.
+def time_tensor_parallel(k, d, hidden, batch_size, num_steps=2, reps=3,
+                         num_heads=0, seq_len=1):
+    """Median seconds per pass of the whole block and of its k parts.
 
     Defined in :numref:`sec_cost_model`"""
-    d2l.check_tensor_timing(k, d, hidden, batch_size, num_steps, reps)
+    d2l.check_tensor_timing(k, d, hidden, batch_size, num_steps, reps,
+                            num_heads, seq_len)
     return _slowest_medians(spawn_ranks(
         _tp_timing_worker, k, _rendezvous(), d, hidden, batch_size,
-        num_steps, reps))
+        num_steps, reps, num_heads, seq_len))

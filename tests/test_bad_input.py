@@ -588,7 +588,8 @@ SWEEP = [
     Sweep('time_tensor_parallel', ALL, lambda d2l, fw: (
         d2l.time_tensor_parallel, dict(k=2, d=2, hidden=4, batch_size=2,
                                        num_steps=1, reps=1)),
-        {'num_steps': 'count', 'reps': 'count'}, False),
+        {'num_steps': 'count', 'reps': 'count', 'num_heads': 'count0',
+         'seq_len': 'count'}, False),
 ]
 
 SWEEP_CASES = [(row, param, bad) for row in SWEEP for param, kind in

@@ -356,7 +356,11 @@ def test_a_runs_work_is_its_busiest_stage_and_its_step_the_whole_span(d2l):
 
 @pytest.mark.parametrize('args, name', [
     ((1, 16, 64, 8), 'k'), ((2, 16, 1, 8), 'hidden'),
-    ((2, 0, 64, 8), 'd'), ((2, 16, 64, 8, 0), 'num_steps')])
+    ((2, 0, 64, 8), 'd'), ((2, 16, 64, 8, 0), 'num_steps'),
+    ((2, 16, 64, 8, 1, 1, 3, 4), 'num_heads'),  # 3 heads for 16 features
+    ((2, 16, 64, 8, 1, 1, 1, 4), 'num_heads'),  # one head for two ranks
+    ((2, 16, 64, 8, 1, 1, 4, 5), 'seq_len'),  # 5 tokens for two ranks
+    ((2, 16, 32, 8, 1, 1, 4, 4), 'hidden')])  # a block's MLP is 4d wide
 def test_tensor_timing_rejects_bad_arguments_before_starting_processes(
         d2l, args, name):
     with pytest.raises(ValueError, match=name):
