@@ -11,6 +11,7 @@ import textwrap
 import numpy as np
 import pytest
 
+from conftest import ROOT
 from test_process_groups import RESULT, finish, result_of, scenario_env, start
 
 TOL = 1e-5
@@ -25,7 +26,7 @@ RUNS = {'k=1': ('tp_mlp_worker', 1, (8, 64, 6)),
         'wrong': ('_tp_wrong_worker', 2, (8, 16))}
 _results = {}
 # The child scripts' conversion of their results to JSON: arrays to lists.
-PLAIN = textwrap.indent(textwrap.dedent('''
+PLAIN = textwrap.dedent('''
     def plain(x):
         if hasattr(x, 'tolist'):
             return x.tolist()
@@ -34,28 +35,41 @@ PLAIN = textwrap.indent(textwrap.dedent('''
         if isinstance(x, (list, tuple)):
             return [plain(v) for v in x]
         return x
-    '''), ' ' * 8)
-
-
-def runs(framework, deadline=240):
-    """The results by rank of every run in RUNS, started from one child Python."""
-    if framework in _results:
-        return _results[framework]
-    script = textwrap.dedent(f'''
-        import json
-        import numpy
-        from d2l import {MODULES[framework]} as d2l
-
-{PLAIN}
-        out = {{}}
-        for name, (worker, k, args) in {RUNS!r}.items():
-            out[name] = plain(d2l.spawn_ranks(
-                getattr(d2l, worker), k, {RENDEZVOUS[framework]}, *args))
-        print({RESULT!r} + json.dumps(out), flush=True)
     ''')
+
+
+def child_result(framework, body, deadline=240, page=None, definitions=()):
+    """Run `body`, which sets `out`, in a child Python with `d2l` (and the
+    `definitions` of `page` in `page`) under `deadline`; `out`, via JSON."""
+    if page is None:
+        head = f'''
+            import json, numpy
+            from d2l import {MODULES[framework]} as d2l
+            '''
+    else:
+        head = f'''
+            import json, pathlib, sys
+            sys.path.insert(0, {str(ROOT / 'tests')!r})
+            from conftest import page_definitions
+            page = page_definitions(pathlib.Path({str(page)!r}), {framework!r},
+                                    {tuple(definitions)!r})
+            d2l = page['d2l']
+            '''
+    script = (textwrap.dedent(head) + PLAIN + textwrap.dedent(body)
+              + f'print({RESULT!r} + json.dumps(plain(out)), flush=True)\n')
     proc = start([sys.executable, '-c', script], env=scenario_env())
     out, err = finish(proc, deadline)
-    _results[framework] = result_of(out, err, proc)
+    return result_of(out, err, proc)
+
+
+def runs(framework):
+    """The results by rank of every run in RUNS, started from one child Python."""
+    if framework not in _results:
+        _results[framework] = child_result(framework, f'''
+            out = {{name: d2l.spawn_ranks(getattr(d2l, worker), k,
+                                          {RENDEZVOUS[framework]}, *args)
+                   for name, (worker, k, args) in {RUNS!r}.items()}}
+            ''')
     return _results[framework]
 
 

@@ -3,15 +3,12 @@
 The ranks start with the book's spawn_ranks in a child Python under a hard
 deadline (the harness of test_process_groups.py), so a hang fails the test.
 """
-import sys
-import textwrap
 
 import numpy as np
 import pytest
 
 from conftest import ROOT, page_definitions
-from test_process_groups import RESULT, finish, result_of, scenario_env, start
-from test_tensor_parallelism import MODULES, PLAIN, RENDEZVOUS
+from test_tensor_parallelism import RENDEZVOUS, child_result
 
 TOL = 1e-5
 H, HEADS, B, S = 32, 4, 2, 8  # width, heads, sequences, tokens
@@ -19,24 +16,15 @@ _results = {}
 PAGE = ROOT / 'chapter_multi_gpu' / 'transformer-tensor-parallelism.md'
 
 
-def two_ranks(framework, deadline=240):
+def two_ranks(framework):
     """{split: results by rank} of tp_block_worker on two ranks, tensor and
     sequence parallel, from one child Python."""
-    if framework in _results:
-        return _results[framework]
-    script = textwrap.dedent(f'''
-        import json
-        from d2l import {MODULES[framework]} as d2l
-
-{PLAIN}
-        out = {{split: plain(d2l.spawn_ranks(
-            d2l.tp_block_worker, 2, {RENDEZVOUS[framework]}, {H}, {HEADS},
-            {B}, {S}, split == 'sequence')) for split in ('tensor', 'sequence')}}
-        print({RESULT!r} + json.dumps(out), flush=True)
-    ''')
-    proc = start([sys.executable, '-c', script], env=scenario_env())
-    out, err = finish(proc, deadline)
-    _results[framework] = result_of(out, err, proc)
+    if framework not in _results:
+        _results[framework] = child_result(framework, f'''
+            out = {{split: d2l.spawn_ranks(
+                d2l.tp_block_worker, 2, {RENDEZVOUS[framework]}, {H}, {HEADS},
+                {B}, {S}, split == 'sequence') for split in ('tensor', 'sequence')}}
+            ''')
     return _results[framework]
 
 
@@ -113,23 +101,12 @@ def test_tokens_that_k_does_not_divide_are_refused_for_sequence_parallelism(
 @pytest.mark.parametrize('sequence', [False, True], ids=['tensor', 'sequence'])
 def test_pytorch_parallelize_module_on_the_block_equals_one_device(sequence):
     from d2l import torch as d2l
-    script = textwrap.dedent(f'''
-        import json, pathlib, sys
-        sys.path.insert(0, {str(ROOT / 'tests')!r})
-        from conftest import page_definitions
-        page = page_definitions(pathlib.Path({str(PAGE)!r}), 'pytorch',
-                                ('def parallelize_block_demo',))
-        d2l = page['d2l']
-
-{PLAIN}
-        ranks = plain(d2l.spawn_ranks(
+    ranks = child_result('pytorch', f'''
+        out = d2l.spawn_ranks(
             page['parallelize_block_demo'], 2, d2l.local_init_method(), {H},
-            {HEADS}, {B}, {S}, {sequence}))
-        print({RESULT!r} + json.dumps(ranks), flush=True)
-    ''')
-    proc = start([sys.executable, '-c', script], env=scenario_env())
-    out, err = finish(proc, 240)
-    assert_equals_one_device(d2l, result_of(out, err, proc), sequence)
+            {HEADS}, {B}, {S}, {sequence})
+        ''', page=PAGE, definitions=('def parallelize_block_demo',))
+    assert_equals_one_device(d2l, ranks, sequence)
 
 
 def test_a_shared_seed_sliced_reproduces_the_unsplit_dropout_mask(framework):

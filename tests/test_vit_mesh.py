@@ -4,15 +4,12 @@ The mesh's four ranks start with the book's spawn_ranks in a child Python
 under a hard deadline (the harness of test_process_groups.py), so a hang
 fails the test.
 """
-import sys
-import textwrap
 
 import numpy as np
 import pytest
 
 from conftest import ROOT, numpy, page_definitions
-from test_process_groups import RESULT, finish, result_of, scenario_env, start
-from test_tensor_parallelism import PLAIN, RENDEZVOUS
+from test_tensor_parallelism import RENDEZVOUS, child_result
 
 PAGE = ROOT / 'chapter_multi_gpu' / 'vit-mesh.md'
 MODEL = ('def patches', 'optimizer =')  # the ViT, and the page's setup
@@ -44,27 +41,16 @@ def test_the_2x2_mesh_takes_the_one_device_step(framework):
     """Two steps on the quick subset (one minibatch of 100 images each):
     every rank's test accuracy is one device's; the bytes on each axis are
     the formula's."""
-    script = textwrap.dedent(f'''
-        import json, pathlib, sys
-        sys.path.insert(0, {str(ROOT / 'tests')!r})
-        from conftest import page_definitions
-        page = page_definitions(pathlib.Path({str(PAGE)!r}), {framework!r},
-                                {MODEL + ('def vit_mesh_worker',)!r})
-        d2l = page['d2l']
-
-{PLAIN}
-        ranks = plain(d2l.spawn_ranks(page['vit_mesh_worker'], 4,
-                                      {RENDEZVOUS[framework]}, 2))
+    result = child_result(framework, f'''
+        ranks = d2l.spawn_ranks(page['vit_mesh_worker'], 4,
+                                {RENDEZVOUS[framework]}, 2)
         train_iter, test_iter = d2l.load_data_fashion_mnist(128)
         for epoch in range(2):
             d2l.train_epoch_concise(page['net'], train_iter, page['loss'],
                                     page['optimizer'], [page['device']])
         one = d2l.evaluate_accuracy_gpu(page['net'], test_iter)
-        print({RESULT!r} + json.dumps(dict(ranks=ranks, one=one)), flush=True)
-    ''')
-    proc = start([sys.executable, '-c', script], env=scenario_env())
-    out, err = finish(proc, 300)
-    result = result_of(out, err, proc)
+        out = dict(ranks=ranks, one=one)
+        ''', 300, PAGE, MODEL + ('def vit_mesh_worker',))
     b, s, h = 50, 16, 64  # half of the quick subset's one minibatch
     slots = 2 if framework == 'mxnet' else 1  # MXNet: both pairs' slots
     for r in result['ranks']:
