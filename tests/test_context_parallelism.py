@@ -1,0 +1,140 @@
+"""The claims of chapter_multi_gpu/context-parallelism.md, checked in every framework.
+
+The page's own code is run: its cells define the attention functions, the
+exchanges and the worker, and the ranks start with the book's spawn_ranks in
+a child Python under a hard deadline (the harness of test_process_groups.py).
+"""
+import numpy as np
+import pytest
+
+from conftest import ROOT, numpy, page_definitions
+from test_tensor_parallelism import RENDEZVOUS, child_result
+
+PAGE = ROOT / 'chapter_multi_gpu' / 'context-parallelism.md'
+DEFINITIONS = ('def attention(', 'class ContextExchange', 'class _Shift',
+               'def layout', 'def ring_attention', 'def cp_worker',
+               'def one_device', 'def check_cp_worker',
+               'def ulysses_attention')
+TOL = 2e-6
+_results = {}
+
+
+def inputs(s=32, heads=4, seed=0):
+    """Queries, keys, values and output gradients, as NumPy arrays."""
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal((2, heads, s, 8)).astype('float32')
+            for _ in range(4)]
+
+
+def test_blocks_of_keys_merged_by_the_online_softmax_equal_full_attention(
+        d2l, framework):
+    page = page_definitions(PAGE, framework, ('def attention(',))
+    Q, K, V = [d2l.tensor(x) for x in inputs()[:3]]
+    for causal in (False, True):
+        blocks = [page['attention_block'](Q, K, V, causal)]  # one block
+        if not causal:  # four blocks of keys, merged in turn
+            blocks = [page['attention_block'](Q, K_j, V_j) for K_j, V_j in
+                      zip(page['chunk'](K, 4, 2), page['chunk'](V, 4, 2))]
+        result = None
+        for block in blocks:
+            result = page['merge'](result, block)
+        O, _, l = result
+        np.testing.assert_allclose(
+            numpy(framework, O / l),
+            numpy(framework, page['attention'](Q, K, V, causal)), atol=TOL)
+
+
+def runs(framework):
+    """Every run the tests check, in one child Python: {name: ranks}."""
+    if framework not in _results:
+        _results[framework] = child_result(framework, f'''
+            import numpy
+            rng = numpy.random.default_rng(0)
+            data = [rng.standard_normal((2, 4, 32, 8)).astype('float32')
+                    for _ in range(4)]
+            three_heads = [x[:, :3] for x in data]
+            out = {{}}
+            for causal in (False, True):
+                out[causal] = page['one_device'](data, causal)
+                for scheme in ('ring', 'zigzag', 'ulysses'):
+                    if not (causal and scheme == 'ring'):
+                        out[scheme, causal] = d2l.spawn_ranks(
+                            page['cp_worker'], 2, {RENDEZVOUS[framework]},
+                            data, scheme, causal)
+            out['balance'] = {{scheme: d2l.spawn_ranks(
+                page['cp_worker'], 4, {RENDEZVOUS[framework]}, data, scheme,
+                True, False) for scheme in ('ring', 'zigzag')}}
+            try:
+                d2l.spawn_ranks(page['cp_worker'], 2, {RENDEZVOUS[framework]},
+                                three_heads, 'ulysses', False)
+            except RuntimeError as error:
+                out['three heads'] = str(error)
+            out['refused'] = []
+            for k, seq in ((3, data), (2, [x[:, :, :30] for x in data])):
+                try:  # checked before any process starts
+                    d2l.spawn_ranks(page['cp_worker'], k,
+                                    {RENDEZVOUS[framework]}, seq, 'zigzag',
+                                    False)
+                except ValueError as error:
+                    out['refused'].append(str(error))
+            out = {{repr(key): value for key, value in out.items()}}
+            ''', 300, PAGE, DEFINITIONS)
+    return _results[framework]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('scheme, causal', [
+    ('ring', False), ('zigzag', False), ('zigzag', True),
+    ('ulysses', False), ('ulysses', True)])
+def test_two_ranks_give_one_device_s_output_and_gradients(framework, scheme,
+                                                          causal):
+    result = runs(framework)
+    reference = [np.asarray(x) for x in result[repr(causal)]]
+    ranks = result[repr((scheme, causal))]
+    seen = sorted(p for r in ranks for p in r['positions'])
+    assert seen == list(range(32))  # every token on exactly one rank
+    for r in ranks:
+        for got, want in zip([r['O']] + r['grads'], reference):
+            np.testing.assert_allclose(np.asarray(got),
+                                       want[:, :, r['positions']], atol=TOL)
+
+
+@pytest.mark.slow
+def test_under_a_causal_mask_two_chunks_a_rank_even_out_the_work(framework):
+    balance = runs(framework)[repr('balance')]
+    plain = [sum(r['pairs']) for r in balance['ring']]
+    zigzag = [sum(r['pairs']) for r in balance['zigzag']]
+    assert plain == [64, 128, 192, 256]  # chunks of 8 tokens: 1 to 4 blocks
+    assert zigzag == [144] * 4  # chunks of 4 tokens: 9 blocks each
+    assert max(zigzag) < 0.6 * max(plain)
+
+
+@pytest.mark.slow
+def test_ulysses_refuses_heads_that_the_ranks_do_not_divide(framework):
+    message = runs(framework)[repr('three heads')]
+    assert '3 heads cannot be split over 2 ranks' in message
+
+
+@pytest.mark.slow
+def test_the_bytes_sent_are_the_formula_s(framework):
+    sent = {key: runs(framework)[repr(key)][0]['sent']
+            for key in (('zigzag', False), ('ulysses', False))}
+    array = 2 * 4 * 16 * 8 * 4  # a rank's (b, a, s/k, d) float32 array
+    # forward and backward; MXNet sends every slot, PaddlePaddle's all-to-all
+    # is an all-gather
+    ring_factor = {'mxnet': 2}.get(framework, 1)
+    a2a_factor = {'mxnet': 4, 'paddle': 2}.get(framework, 1)
+    assert sent[('zigzag', False)]['ring'] == ring_factor * 2 * 2 * array
+    assert sent[('ulysses', False)]['all-to-all'] == (
+        a2a_factor * 2 * 4 * array // 2)
+
+
+@pytest.mark.slow
+def test_a_sequence_the_chunks_do_not_divide_is_refused_before_any_process(
+        framework):
+    refused = runs(framework)[repr('refused')]
+    assert refused == [
+        's=32 tokens cannot be cut into 6 equal chunks for 3 ranks; use an s '
+        'that 6 divides',
+        's=30 tokens cannot be cut into 4 equal chunks for 2 ranks; use an s '
+        'that 4 divides']
