@@ -1,5 +1,7 @@
 """Shared fixtures: every test that takes `d2l` runs once per framework."""
+import fcntl
 import importlib
+import json
 import os
 import pathlib
 import re
@@ -250,6 +252,26 @@ def pytest_collection_modifyitems(config, items):
     """Run the long tests first: slow ones, then those that start processes."""
     items.sort(key=lambda item: (item.get_closest_marker('slow') is None,
                                  item.path.name not in STARTS_PROCESSES))
+
+
+@pytest.fixture(scope='session')
+def shared_results(tmp_path_factory):
+    """results(name, compute): compute() once per test session, in whichever
+    pytest-xdist worker asks first; the others wait for its JSON and read it."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get('PYTEST_XDIST_WORKER'):
+        root = root.parent  # the session's folder, above each worker's own
+    folder = root / 'shared-results'
+    folder.mkdir(exist_ok=True)
+
+    def results(name, compute):
+        path = folder / f'{name}.json'
+        with open(folder / f'{name}.lock', 'w') as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            if not path.exists():
+                path.write_text(json.dumps(compute()))
+        return json.loads(path.read_text())
+    return results
 
 
 @pytest.fixture

@@ -16,7 +16,6 @@ DEFINITIONS = ('def attention(', 'class ContextExchange', 'class _Shift',
                'def one_device', 'def check_cp_worker',
                'def ulysses_attention')
 TOL = 2e-6
-_results = {}
 
 
 def inputs(s=32, heads=4, seed=0):
@@ -44,10 +43,11 @@ def test_blocks_of_keys_merged_by_the_online_softmax_equal_full_attention(
             numpy(framework, page['attention'](Q, K, V, causal)), atol=TOL)
 
 
-def runs(framework):
-    """Every run the tests check, in one child Python: {name: ranks}."""
-    if framework not in _results:
-        _results[framework] = child_result(framework, f'''
+def runs(framework, shared_results):
+    """Every run the tests check, in one child Python once per test session:
+    {name: ranks}."""
+    return shared_results(f'cp-{framework}', lambda: child_result(
+        framework, f'''
             import numpy
             rng = numpy.random.default_rng(0)
             data = [rng.standard_normal((2, 4, 32, 8)).astype('float32')
@@ -78,17 +78,16 @@ def runs(framework):
                 except ValueError as error:
                     out['refused'].append(str(error))
             out = {{repr(key): value for key, value in out.items()}}
-            ''', 300, PAGE, DEFINITIONS)
-    return _results[framework]
+            ''', 300, PAGE, DEFINITIONS))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize('scheme, causal', [
     ('ring', False), ('zigzag', False), ('zigzag', True),
     ('ulysses', False), ('ulysses', True)])
-def test_two_ranks_give_one_device_s_output_and_gradients(framework, scheme,
-                                                          causal):
-    result = runs(framework)
+def test_two_ranks_give_one_device_s_output_and_gradients(
+        framework, scheme, causal, shared_results):
+    result = runs(framework, shared_results)
     reference = [np.asarray(x) for x in result[repr(causal)]]
     ranks = result[repr((scheme, causal))]
     seen = sorted(p for r in ranks for p in r['positions'])
@@ -100,8 +99,9 @@ def test_two_ranks_give_one_device_s_output_and_gradients(framework, scheme,
 
 
 @pytest.mark.slow
-def test_under_a_causal_mask_two_chunks_a_rank_even_out_the_work(framework):
-    balance = runs(framework)[repr('balance')]
+def test_under_a_causal_mask_two_chunks_a_rank_even_out_the_work(
+        framework, shared_results):
+    balance = runs(framework, shared_results)[repr('balance')]
     plain = [sum(r['pairs']) for r in balance['ring']]
     zigzag = [sum(r['pairs']) for r in balance['zigzag']]
     assert plain == [64, 128, 192, 256]  # chunks of 8 tokens: 1 to 4 blocks
@@ -110,14 +110,15 @@ def test_under_a_causal_mask_two_chunks_a_rank_even_out_the_work(framework):
 
 
 @pytest.mark.slow
-def test_ulysses_refuses_heads_that_the_ranks_do_not_divide(framework):
-    message = runs(framework)[repr('three heads')]
+def test_ulysses_refuses_heads_that_the_ranks_do_not_divide(
+        framework, shared_results):
+    message = runs(framework, shared_results)[repr('three heads')]
     assert '3 heads cannot be split over 2 ranks' in message
 
 
 @pytest.mark.slow
-def test_the_bytes_sent_are_the_formula_s(framework):
-    sent = {key: runs(framework)[repr(key)][0]['sent']
+def test_the_bytes_sent_are_the_formula_s(framework, shared_results):
+    sent = {key: runs(framework, shared_results)[repr(key)][0]['sent']
             for key in (('zigzag', False), ('ulysses', False))}
     array = 2 * 4 * 16 * 8 * 4  # a rank's (b, a, s/k, d) float32 array
     # forward and backward; MXNet sends every slot, PaddlePaddle's all-to-all
@@ -131,8 +132,8 @@ def test_the_bytes_sent_are_the_formula_s(framework):
 
 @pytest.mark.slow
 def test_a_sequence_the_chunks_do_not_divide_is_refused_before_any_process(
-        framework):
-    refused = runs(framework)[repr('refused')]
+        framework, shared_results):
+    refused = runs(framework, shared_results)[repr('refused')]
     assert refused == [
         's=32 tokens cannot be cut into 6 equal chunks for 3 ranks; use an s '
         'that 6 divides',

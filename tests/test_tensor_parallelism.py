@@ -24,7 +24,6 @@ RENDEZVOUS = {'pytorch': 'd2l.local_init_method()', 'paddle': "'env://'",
 RUNS = {'k=1': ('tp_mlp_worker', 1, (8, 64, 6)),
         'k=2, uneven 32+31': ('tp_mlp_worker', 2, (8, 63, 6)),
         'wrong': ('_tp_wrong_worker', 2, (8, 16))}
-_results = {}
 # The child scripts' conversion of their results to JSON: arrays to lists.
 PLAIN = textwrap.dedent('''
     def plain(x):
@@ -62,15 +61,15 @@ def child_result(framework, body, deadline=240, page=None, definitions=()):
     return result_of(out, err, proc)
 
 
-def runs(framework):
-    """The results by rank of every run in RUNS, started from one child Python."""
-    if framework not in _results:
-        _results[framework] = child_result(framework, f'''
+def runs(framework, shared_results):
+    """The results by rank of every run in RUNS, started from one child Python
+    once per test session."""
+    return shared_results(f'tp-mlp-{framework}', lambda: child_result(
+        framework, f'''
             out = {{name: d2l.spawn_ranks(getattr(d2l, worker), k,
                                           {RENDEZVOUS[framework]}, *args)
                    for name, (worker, k, args) in {RUNS!r}.items()}}
-            ''')
-    return _results[framework]
+            '''))
 
 
 def one_device(d2l, d, hidden, batch_size):
@@ -80,9 +79,10 @@ def one_device(d2l, d, hidden, batch_size):
 
 @pytest.mark.slow  # run once (pinned environment); its page runs in NumPy 2
 @pytest.mark.parametrize('run', ['k=1', 'k=2, uneven 32+31'])
-def test_k_way_tensor_parallel_block_equals_one_device(d2l, framework, run):
+def test_k_way_tensor_parallel_block_equals_one_device(d2l, framework, run,
+                                                       shared_results):
     _, k, (d, hidden, batch_size) = RUNS[run]
-    ranks = runs(framework)[run]
+    ranks = runs(framework, shared_results)[run]
     reference = one_device(d2l, d, hidden, batch_size)
     for r in ranks:  # every rank ends with the whole output and input grad
         np.testing.assert_allclose(r['Z'], reference['Z'], atol=TOL)
@@ -100,8 +100,9 @@ def test_k_way_tensor_parallel_block_equals_one_device(d2l, framework, run):
 
 
 @pytest.mark.slow  # run once (pinned environment); its page runs in NumPy 2
-def test_a_wrong_arrangement_is_an_error_on_every_rank(framework):
-    ranks = runs(framework)['wrong']
+def test_a_wrong_arrangement_is_an_error_on_every_rank(framework,
+                                                      shared_results):
+    ranks = runs(framework, shared_results)['wrong']
     for errors in ranks:
         assert len(errors) == 3
         assert 'rank 1 builds RowParallelLinear(16, 8) where rank 0 builds ' \

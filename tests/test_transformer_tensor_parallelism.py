@@ -12,20 +12,19 @@ from test_tensor_parallelism import RENDEZVOUS, child_result
 
 TOL = 1e-5
 H, HEADS, B, S = 32, 4, 2, 8  # width, heads, sequences, tokens
-_results = {}
 PAGE = ROOT / 'chapter_multi_gpu' / 'transformer-tensor-parallelism.md'
 
 
-def two_ranks(framework):
+def two_ranks(framework, shared_results):
     """{split: results by rank} of tp_block_worker on two ranks, tensor and
-    sequence parallel, from one child Python."""
-    if framework not in _results:
-        _results[framework] = child_result(framework, f'''
+    sequence parallel, from one child Python once per test session."""
+    return shared_results(f'transformer-tp-{framework}', lambda: child_result(
+        framework, f'''
             out = {{split: d2l.spawn_ranks(
                 d2l.tp_block_worker, 2, {RENDEZVOUS[framework]}, {H}, {HEADS},
-                {B}, {S}, split == 'sequence') for split in ('tensor', 'sequence')}}
-            ''')
-    return _results[framework]
+                {B}, {S}, split == 'sequence')
+                for split in ('tensor', 'sequence')}}
+            '''))
 
 
 def one_device(d2l):
@@ -51,25 +50,29 @@ def assert_equals_one_device(d2l, ranks, sequence):
 
 
 @pytest.mark.slow  # run once (pinned environment); its page runs in NumPy 2
-def test_two_way_head_parallel_block_equals_one_device(d2l, framework):
-    assert_equals_one_device(d2l, two_ranks(framework)['tensor'], False)
+def test_two_way_head_parallel_block_equals_one_device(d2l, framework,
+                                                       shared_results):
+    ranks = two_ranks(framework, shared_results)['tensor']
+    assert_equals_one_device(d2l, ranks, False)
 
 
 @pytest.mark.slow
-def test_two_way_sequence_parallel_block_equals_one_device(d2l, framework):
-    assert_equals_one_device(d2l, two_ranks(framework)['sequence'], True)
+def test_two_way_sequence_parallel_block_equals_one_device(d2l, framework,
+                                                           shared_results):
+    ranks = two_ranks(framework, shared_results)['sequence']
+    assert_equals_one_device(d2l, ranks, True)
 
 
 @pytest.mark.slow
-def test_each_direction_moves_two_block_activations(framework):
-    sent = two_ranks(framework)['tensor'][0]['sent']
+def test_each_direction_moves_two_block_activations(framework, shared_results):
+    sent = two_ranks(framework, shared_results)['tensor'][0]['sent']
     assert sent['forward'] == sent['backward'] == 2 * 4 * B * S * H
 
 
 @pytest.mark.slow
 def test_sequence_parallelism_hands_twice_the_bytes_to_half_size_exchanges(
-        framework):
-    sent = two_ranks(framework)['sequence'][0]['sent']
+        framework, shared_results):
+    sent = two_ranks(framework, shared_results)['sequence'][0]['sent']
     # two all-gathers and two reduce-scatters each way, whole activations;
     # a ring sends (k - 1) / k of each, an allreduce twice that
     assert sent['forward'] == sent['backward'] == 4 * 4 * B * S * H
@@ -77,8 +80,9 @@ def test_sequence_parallelism_hands_twice_the_bytes_to_half_size_exchanges(
 
 
 @pytest.mark.slow
-def test_sequence_parallelism_keeps_fewer_activation_bytes(framework):
-    runs = two_ranks(framework)
+def test_sequence_parallelism_keeps_fewer_activation_bytes(framework,
+                                                           shared_results):
+    runs = two_ranks(framework, shared_results)
     kept = {split: [r['kept'] for r in ranks] for split, ranks in runs.items()}
     assert all(0 < s < t for s, t in zip(kept['sequence'], kept['tensor']))
 
