@@ -113,7 +113,7 @@ def test_under_a_causal_mask_two_chunks_a_rank_even_out_the_work(
 def test_ulysses_refuses_heads_that_the_ranks_do_not_divide(
         framework, shared_results):
     message = runs(framework, shared_results)[repr('three heads')]
-    assert '3 heads cannot be split over 2 ranks' in message
+    assert 'num_heads=3 heads cannot be split over k=2 ranks' in message
 
 
 @pytest.mark.slow
