@@ -25,6 +25,7 @@ export PATH="$PWD/$venv/bin:$PATH" PYTHONPATH="$PWD" D2L_TEST_FRAMEWORKS=pytorch
 tests=$(ls tests/test_helpers.py tests/test_d2l_package.py tests/test_multiple_gpus*.py \
   tests/test_sharded_data_parallel.py tests/test_pipeline_parallelism.py tests/test_tensor_parallelism.py \
   tests/test_transformer_tensor_parallelism.py tests/test_vit_mesh.py tests/test_context_parallelism.py \
+  tests/test_expert_parallelism.py \
   tests/test_cost_model.py tests/test_memory.py tests/test_mixed_precision.py \
   tests/test_memory_model.py 2>/dev/null)
 python -m pytest -q -p no:cacheprovider -n ${NUMPY2_WORKERS:-2} -m "not slow and not browser and not pdf" $tests
