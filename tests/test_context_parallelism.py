@@ -48,10 +48,8 @@ def runs(framework, shared_results):
     {name: ranks}."""
     return shared_results(f'cp-{framework}', lambda: child_result(
         framework, f'''
-            import numpy
-            rng = numpy.random.default_rng(0)
-            data = [rng.standard_normal((2, 4, 32, 8)).astype('float32')
-                    for _ in range(4)]
+            from test_context_parallelism import inputs
+            data = inputs()
             three_heads = [x[:, :3] for x in data]
             out = {{}}
             for causal in (False, True):

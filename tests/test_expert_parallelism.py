@@ -16,6 +16,8 @@ LAYER = ('def expert_capacity', 'def moe(', 'class Experts', 'def per_token',
          'def balance_loss')
 DEFINITIONS = LAYER + ('class ExpertExchange', 'def experts_per_rank',
                        'def ep_worker', 'def check_ep_worker')
+# (ranks, top-k, capacity factor) of every expert-parallel run the tests check
+RUNS = [(2, 1, 1.0), (2, 2, 1.0), (2, 2, 2.0), (4, 2, 1.0)]
 
 
 @pytest.fixture
@@ -85,8 +87,7 @@ def runs(framework, shared_results):
         framework, f'''
             tokens, logits = page['tokens'], page['logits']
             out = {{}}
-            for k, top_k, c in ((2, 1, 1.0), (2, 2, 1.0), (2, 2, 2.0),
-                                (4, 2, 1.0)):
+            for k, top_k, c in {RUNS!r}:
                 ranks = d2l.spawn_ranks(page['ep_worker'], k,
                                         {RENDEZVOUS[framework]}, tokens[:k],
                                         logits[:k], top_k, c)
@@ -111,11 +112,10 @@ def runs(framework, shared_results):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('run', ['(2, 1, 1.0)', '(2, 2, 1.0)', '(2, 2, 2.0)',
-                                 '(4, 2, 1.0)'])
+@pytest.mark.parametrize('run', RUNS, ids=str)
 def test_experts_spread_over_k_ranks_give_one_device_s_output(
         framework, run, shared_results):
-    result = runs(framework, shared_results)[run]
+    result = runs(framework, shared_results)[repr(run)]
     for rank, Y, dropped in zip(result['ranks'], result['alone'],
                                 result['dropped']):
         np.testing.assert_allclose(np.asarray(rank['Y']), np.asarray(Y),
@@ -124,10 +124,10 @@ def test_experts_spread_over_k_ranks_give_one_device_s_output(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('run', ['(2, 1, 1.0)', '(2, 2, 2.0)'])
+@pytest.mark.parametrize('run', [RUNS[0], RUNS[2]], ids=str)
 def test_the_bytes_sent_are_the_formula_s(framework, run, shared_results):
-    k, top_k, c = eval(run)
-    sent = runs(framework, shared_results)[run]['ranks'][0]['sent']
+    k, top_k, c = run
+    sent = runs(framework, shared_results)[repr(run)]['ranks'][0]['sent']
     n, h, E = 64, 16, 4
     C = int(np.ceil(c * n * top_k / E))
     formula = 2 * (k - 1) * E * C * h * 4 // k  # two all-to-alls forward
