@@ -138,3 +138,23 @@ def test_a_sequence_the_chunks_do_not_divide_is_refused_before_any_process(
         'that 6 divides',
         's=30 tokens cannot be cut into 4 equal chunks for 2 ranks; use an s '
         'that 4 divides']
+
+
+@pytest.mark.slow
+def test_a_ring_shift_passes_a_transposed_array_whole(framework):
+    """send and recv need contiguous arrays; the shift makes them so."""
+    if framework == 'mxnet':
+        pytest.skip("MXNet's shift sums slotted arrays through the store")
+    ranks = child_result(framework, f'''
+        import numpy
+        ContextExchange = page['ContextExchange']  # the page: not picklable
+
+        def worker(rank, world_size, init_method):
+            with d2l.process_group(rank, world_size, init_method):
+                x = numpy.arange(6, dtype='float32').reshape(2, 3) + 10 * rank
+                return ContextExchange().shift(d2l.tensor(x).T)
+        out = d2l.spawn_ranks(worker, 2, {RENDEZVOUS[framework]})
+        ''', 120, PAGE, DEFINITIONS)
+    for rank, got in enumerate(ranks):  # the other rank's array, transposed
+        want = np.arange(6).reshape(2, 3) + 10 * (1 - rank)
+        np.testing.assert_array_equal(np.asarray(got), want.T)
