@@ -59,6 +59,9 @@ def runs(framework, shared_results):
                         out[scheme, causal] = d2l.spawn_ranks(
                             page['cp_worker'], 2, {RENDEZVOUS[framework]},
                             data, scheme, causal)
+            out['alone'] = {{repr(causal): d2l.spawn_ranks(
+                page['cp_worker'], 1, {RENDEZVOUS[framework]}, data, 'ring',
+                causal) for causal in (False, True)}}
             out['balance'] = {{scheme: d2l.spawn_ranks(
                 page['cp_worker'], 2, {RENDEZVOUS[framework]}, data, scheme,
                 True, False) for scheme in ('ring', 'zigzag')}}
@@ -94,6 +97,18 @@ def test_two_ranks_give_one_device_s_output_and_gradients(
         for got, want in zip([r['O']] + r['grads'], reference):
             np.testing.assert_allclose(np.asarray(got),
                                        want[:, :, r['positions']], atol=TOL)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('causal', [False, True])
+def test_the_worker_alone_is_one_device_and_sends_nothing(
+        framework, causal, shared_results):
+    result = runs(framework, shared_results)
+    (alone,) = result[repr('alone')][repr(causal)]
+    assert alone['positions'] == list(range(32)) and alone['sent'] == {}
+    for got, want in zip([alone['O']] + alone['grads'], result[repr(causal)]):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want),
+                                   atol=TOL)
 
 
 @pytest.mark.slow
