@@ -99,6 +99,13 @@ def runs(framework, shared_results):
                     'ranks': ranks,
                     'alone': [page['to_numpy'](Y) for Y, _, _ in alone],
                     'dropped': [int((s < 0).sum()) for _, _, s in alone]}}
+            import numpy
+            wide = [numpy.random.default_rng(1).standard_normal(
+                (2, 32, d)).astype('float32') for d in (32, 4)]  # h = 32
+            out['wide'] = [d2l.spawn_ranks(
+                page['ep_worker'], k, {RENDEZVOUS[framework]}, *data, 2, 4.0)
+                for k, data in ((2, wide), (1, [x.reshape(1, 64, -1)
+                                                for x in wide]))]
             out['refused'] = []
             for k, top_k, c, n in ((2, 5, 1.0, 2), (2, 2, 0.0, 2),
                                    (3, 2, 1.0, 3), (2, 2, 1.0, 3)):
@@ -121,6 +128,17 @@ def test_experts_spread_over_k_ranks_give_one_device_s_output(
         np.testing.assert_allclose(np.asarray(rank['Y']), np.asarray(Y),
                                    atol=1e-5)
         assert rank['dropped'] == dropped
+
+
+@pytest.mark.slow
+def test_two_ranks_equal_the_worker_alone_which_sends_nothing(
+        framework, shared_results):
+    spread, (alone,) = runs(framework, shared_results)['wide']
+    assert alone['sent'] == 0 and alone['dropped'] == 0  # room for all
+    np.testing.assert_allclose(
+        np.concatenate([np.asarray(r['Y']) for r in spread]),
+        np.asarray(alone['Y']), atol=1e-5)
+    assert all(r['seconds'] > 0 for r in spread + [alone])
 
 
 @pytest.mark.slow
