@@ -670,6 +670,26 @@ def _sendable(value):
     return _ByValue(cloudpickle.dumps(value))
 
 
+def by_value(fn):
+    """`fn` as a launcher's new processes can receive it from a notebook."""
+    if not callable(fn):
+        raise TypeError(f'fn must be a function, got {type(fn).__name__}')
+    sent = _sendable(fn)
+    return fn if sent is fn else _CallableByValue(fn, sent.payload)
+
+
+class _CallableByValue(_ByValue):
+    """A function sent by value that stays callable here and keeps its
+    names, as launchers such as torch's elastic_launch expect."""
+    def __init__(self, fn, payload):
+        super().__init__(payload)
+        self.fn = fn
+        self.__name__, self.__qualname__ = fn.__name__, fn.__qualname__
+
+    def __call__(self, *args, **kwargs):
+        return self.fn(*args, **kwargs)
+
+
 def _check_worker(worker, world_size, args):
     """Fail in this process, before any starts, if the new processes could
     not receive `worker` or `args`, or if `worker.check` refuses
@@ -752,6 +772,22 @@ def _quiet_logger(name):
         yield
     finally:
         logger.setLevel(level)
+
+
+@contextlib.contextmanager
+def quiet_launcher():
+    """Hide a launcher agent's log records (such as its report of a failed
+    attempt, with process ids and a traceback) in a `with` block."""
+    loggers = [logging.getLogger(name) for name in (
+        'torch.distributed.elastic', 'torch.multiprocessing')]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL + 1)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
 
 
 def _fork_server():

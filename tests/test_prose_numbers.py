@@ -86,6 +86,12 @@ EXCEPTIONS = {
         "ImageNet's training images in Goyal et al.'s run, from the paper",
     ('chapter_multi_gpu/sharded-data-parallel.md', '*', '14'):
         'the printed 112 GB of a 7B model spread over eight devices',
+    ('chapter_multi_gpu/checkpoints.md', '*', '16,384'):
+        "Llama 3's largest cluster, from the cited paper",
+    ('chapter_multi_gpu/checkpoints.md', '*', '419'):
+        "Llama 3's unexpected interruptions, from the cited paper",
+    ('chapter_multi_gpu/checkpoints.md', '*', '54'):
+        "the days in which Llama 3 counted them, from the cited paper",
 }
 
 # (page, tab or '*', number as written): numbers that the next full-mode
