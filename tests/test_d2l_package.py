@@ -525,3 +525,35 @@ def test_a_framework_side_imported_first_leaves_its_flavour_whole(framework):
                               os.environ, PYTHONPATH=str(ROOT)))
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == '[]', done.stdout
+
+
+# ------------------------------------------------- functions for a launcher
+def _notebook_function(x):
+    """Stands for a function defined in a notebook."""
+    return x + 1
+
+
+def test_by_value_sends_notebook_code_that_a_launcher_can_name_and_call(
+        monkeypatch):
+    import pickle
+    assert runtime.by_value(len) is len  # importable: sent by reference
+    monkeypatch.setattr(_notebook_function, '__module__', '__main__')
+    monkeypatch.setattr(sys.modules['__main__'], '__file__', None,
+                        raising=False)  # a notebook's main has no file
+    sent = runtime.by_value(_notebook_function)
+    assert sent is not _notebook_function
+    assert (sent.__name__, sent.__qualname__) == ('_notebook_function',
+                                                  '_notebook_function')
+    assert sent(1) == 2 and pickle.loads(pickle.dumps(sent))(2) == 3
+    with pytest.raises(TypeError, match='fn must be a function, got int'):
+        runtime.by_value(3)
+
+
+def test_quiet_launcher_hides_the_agent_s_errors_and_restores_its_level():
+    import logging
+    agent = logging.getLogger('torch.distributed.elastic.multiprocessing')
+    before = logging.getLogger('torch.distributed.elastic').level
+    with runtime.quiet_launcher():
+        assert not agent.isEnabledFor(logging.CRITICAL)
+    assert logging.getLogger('torch.distributed.elastic').level == before
+    assert agent.isEnabledFor(logging.ERROR)
