@@ -14,7 +14,7 @@ from test_tensor_parallelism import RENDEZVOUS, child_result
 PAGE = ROOT / 'chapter_multi_gpu' / 'checkpoints.md'
 DEFINITIONS = ('def batch_indices', 'def make_run', 'def save',
                'def load(', 'def train_run', 'def mean_losses',
-               'def with_restarts')
+               'def with_restarts', 'def watch_steps')
 STEPS, EVERY, KILL_AT = 12, 4, 6
 
 
@@ -50,6 +50,8 @@ def runs(framework, shared_results):
                 out['loaded'].append(
                     [k, loaded[0]['start'], sorted(loaded[0]['state']),
                      gap(whole[0]['state'], loaded[0]['state'])])
+            out['watch'] = d2l.spawn_ranks(page['watch_steps'], 2,
+                                           {RENDEZVOUS[framework]}, 1.0)
             restarted = page['with_restarts'](1, folder('agent'), {KILL_AT})
             out['restarted'] = [restarted[0]['attempt'],
                                 restarted[0]['start'],
@@ -118,3 +120,13 @@ def test_every_rank_gets_its_share_of_each_minibatch_once_an_epoch(
         assert shares == {4 // k}
     assert list(page['batch_indices'](3, 0, 1)) != \
         list(page['batch_indices'](0, 0, 1))  # a new order each epoch
+
+
+@pytest.mark.slow
+def test_every_rank_sees_the_same_busy_times_and_the_slow_rank_in_them(
+        framework, shared_results):
+    seen = runs(framework, shared_results)['watch']
+    assert seen[0] == seen[1]  # one all-reduce: the same vector everywhere
+    for step, (rank0, rank1) in enumerate(seen[0]):
+        # rank 1 spends a second more from step 2 on (the page: 0.2 s)
+        assert (rank1 - rank0 > 0.5) == (step >= 2), (step, rank0, rank1)
