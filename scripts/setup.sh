@@ -7,6 +7,10 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 # ccache: `import paddle` warns on every page when it finds no ccache on PATH.
 DEB_PACKAGES="pandoc dataset-fashion-mnist ccache"
+if [ "$(id -u)" = 0 ]; then
+  # A one-machine Slurm for tests/test_cluster.py, which is skipped without it.
+  DEB_PACKAGES="$DEB_PACKAGES slurm-wlm munge"
+fi
 if [ "${WITH_PDF:-0}" = 1 ]; then
   # TeX for `d2lbook build pdf`; poppler-utils for tests/test_pdf.py.
   DEB_PACKAGES="$DEB_PACKAGES texlive-xetex texlive-latex-extra latexmk librsvg2-bin fonts-freefont-otf texlive-fonts-recommended tex-gyre xindy poppler-utils"
