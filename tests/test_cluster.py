@@ -170,29 +170,77 @@ def in_book_folder(tmp_path):
     return tmp_path
 
 
-@pytest.mark.slow
-@pytest.mark.slurm
-def test_each_tab_s_batch_script_trains_as_a_two_task_job_on_one_machine(
-        framework, slurm, tmp_path):
+def submit(framework, slurm, folder):
+    """Queue the tab's batch script as the page's one-machine command does; the job's number."""
     own, shared = tab_blocks(framework, 'bash')
     script, = [b for b in own if b.startswith('#!/bin/bash\n#SBATCH')]
     command, = [b for b in shared if b.startswith('sbatch ')]
-    folder = in_book_folder(tmp_path)
     (folder / 'ddp.sbatch').write_text(brief(script, free_port()))
-    # the page's one-machine command; the job's state is polled, as
-    # sbatch --wait polls only every few seconds
+    # without --wait: the job's state is polled, as sbatch --wait polls
+    # only every few seconds
     args = command.split()[:-1] + ['--time=5', 'ddp.sbatch']
     done = subprocess.run(args, cwd=folder, env=slurm, capture_output=True,
                           text=True, timeout=60)
     job = re.search(r'Submitted batch job (\d+)', done.stdout)
     assert job, done.stdout + done.stderr
-    state = wait_for_job(job.group(1), slurm, deadline_s=400)
-    out = (folder / f'ddp-resnet18-{job.group(1)}.out').read_text()
+    return job.group(1)
+
+
+def finished(job, slurm, folder):
+    """Wait for the job; its output, once it has ended with exit code 0."""
+    state = wait_for_job(job, slurm, deadline_s=400)
+    out = (folder / f'ddp-resnet18-{job}.out').read_text()
     assert (state['JobState'], state['ExitCode']) == ('COMPLETED', '0:0'), \
         f'{state}\n{out[-3000:]}'
     assert re.search(r'^2 processes, backend \w+, rank 0 on cpu', out, re.M), \
         out[-3000:]
     assert 'test accuracy' in out, out[-3000:]
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_each_tab_s_batch_script_trains_as_a_two_task_job_on_one_machine(
+        framework, slurm, tmp_path):
+    folder = in_book_folder(tmp_path)
+    finished(submit(framework, slurm, folder), slurm, folder)
+
+
+def workers_in(folder):
+    """The pids of the training processes (not launchers) running in `folder`."""
+    pids = []
+    for proc in pathlib.Path('/proc').glob('[0-9]*'):
+        try:
+            args = (proc / 'cmdline').read_bytes().split(b'\0')
+            here = os.readlink(proc / 'cwd') == str(folder)
+        except OSError:
+            continue
+        if here and any(a.endswith(b'ddp_train.py') for a in args) \
+                and not any(b'torchrun' in a for a in args):
+            pids.append(int(proc.name))
+    return pids
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_with_max_restarts_a_killed_process_restarts_and_the_job_ends_well(
+        framework, slurm, tmp_path):
+    if framework != 'pytorch':
+        pytest.skip('only the PyTorch script asks its launcher for restarts')
+    folder = in_book_folder(tmp_path).resolve()
+    job = submit(framework, slurm, folder)
+    out = folder / f'ddp-resnet18-{job}.out'
+    until = time.monotonic() + 120  # until the first attempt trains
+    while time.monotonic() < until and not (
+            out.exists() and '2 processes, backend' in out.read_text()):
+        time.sleep(0.2)
+    pids = workers_in(folder)
+    assert len(pids) == 2, f'the job runs {len(pids)} processes, not 2'
+    os.kill(max(pids), signal.SIGKILL)
+    out = finished(job, slurm, folder)
+    # each attempt's processes wait for each other once: two attempts
+    assert len(re.findall(r'^rank 0 waits for all 2 ranks', out, re.M)) == 2, \
+        out[-3000:]
 
 
 @pytest.mark.parametrize('kind', ['Service', 'Job'])

@@ -92,6 +92,8 @@ EXCEPTIONS = {
         "Llama 3's unexpected interruptions, from the cited paper",
     ('chapter_multi_gpu/checkpoints.md', '*', '54'):
         "the days in which Llama 3 counted them, from the cited paper",
+    ('chapter_multi_gpu/checkpoints.md', 'pytorch', '135712'):
+        "the number of PyTorch's issue on restarts with a shared store",
 }
 
 # (page, tab or '*', number as written): numbers that the next full-mode
