@@ -31,6 +31,9 @@ SCREENSHOTS = ROOT / '_build' / 'screenshots'
 CHROMIUM = os.environ.get('CHROMIUM', '/usr/bin/chromium')
 # Chapters whose pages hold no code in three frameworks.
 NO_CODE_CHAPTERS = ('chapter_references',)
+# Sections whose code is job scripts shown as text, in three tabs, with no
+# Python cell and so no outputs; tests/test_cluster.py runs those scripts.
+TEXT_ONLY_SECTIONS = ('chapter_multi_gpu/cluster.html',)
 FRAMEWORKS = ('pytorch', 'mxnet', 'paddle')
 # Schemes a page may use without touching the network or another file tree.
 LOCAL_SCHEMES = ('data', 'blob', 'about')
@@ -55,6 +58,11 @@ def section_pages():
     return [p for p in book_pages()
             if p.split('/')[0].startswith('chapter_') and not p.endswith('/index.html')
             and p.split('/')[0] not in NO_CODE_CHAPTERS]
+
+
+def pages_with_outputs():
+    """The section pages that run Python cells and so show their outputs."""
+    return [p for p in section_pages() if p not in TEXT_ONLY_SECTIONS]
 
 
 @pytest.fixture(scope='module')
@@ -576,7 +584,7 @@ def test_outputs_show_no_framework_banners_or_cpp_logs(html_dir, page_path):
     assert dirty == [], f'{page_path} shows framework banners, C++ log lines or abort dumps'
 
 
-@pytest.mark.parametrize('page_path', section_pages())
+@pytest.mark.parametrize('page_path', pages_with_outputs())
 def test_each_section_says_once_where_its_outputs_come_from(html_dir, page_path):
     text = re.sub(r'\s+', ' ', page_text(html_dir / page_path))
     notes = text.count('Where these outputs come from') + text.count(
@@ -602,7 +610,7 @@ def code_blocks(path):
             for block in CODE_BLOCK.findall(path.read_text(errors='replace'))]
 
 
-@pytest.mark.parametrize('page_path', [p for p in section_pages()
+@pytest.mark.parametrize('page_path', [p for p in pages_with_outputs()
                                        if p.startswith('chapter_multi_gpu/')])
 def test_the_code_a_reader_retypes_calls_no_private_d2l_helper(html_dir, page_path):
     """Chapter code uses public `d2l` names; checks and plumbing live in the appendix."""
@@ -695,7 +703,7 @@ OUTPUT_BLOCK = re.compile(r'<div class="output[^"]*">\s*<div class="highlight"><
                           re.S)
 
 
-@pytest.mark.parametrize('page_path', section_pages())
+@pytest.mark.parametrize('page_path', pages_with_outputs())
 def test_outputs_are_plain_text(html_dir, page_path):
     """An output is shown as printed: no syntax colours, and no line joined
     to the next where it ended in a backslash."""
