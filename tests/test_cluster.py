@@ -43,10 +43,10 @@ def free_port():
         return probe.getsockname()[1]
 
 
-def brief(text, port):
-    """`text` as this CPU-only machine runs it: one epoch, one process per node, `port` for the rendezvous."""
+def brief(text, port, epochs=1):
+    """`text` as this CPU-only machine runs it: `epochs` epochs, one process per node, `port` for the rendezvous."""
     # arguments may be joined by NUL characters
-    text = re.sub(r'(--epochs[\s\0]+)10\b', r'\g<1>1', text)
+    text = re.sub(r'(--epochs[\s\0]+)10\b', rf'\g<1>{epochs}', text)
     text = re.sub(r'(--nproc[-_]per[-_]node[\s\0=]+)8\b', r'\g<1>1', text)
     return re.sub(r'\b(29500|49178|9091)\b', str(port), text)
 
@@ -170,12 +170,12 @@ def in_book_folder(tmp_path):
     return tmp_path
 
 
-def submit(framework, slurm, folder):
+def submit(framework, slurm, folder, epochs=1):
     """Queue the tab's batch script as the page's one-machine command does; the job's number."""
     own, shared = tab_blocks(framework, 'bash')
     script, = [b for b in own if b.startswith('#!/bin/bash\n#SBATCH')]
     command, = [b for b in shared if b.startswith('sbatch ')]
-    (folder / 'ddp.sbatch').write_text(brief(script, free_port()))
+    (folder / 'ddp.sbatch').write_text(brief(script, free_port(), epochs))
     # without --wait: the job's state is polled, as sbatch --wait polls
     # only every few seconds
     args = command.split()[:-1] + ['--time=5', 'ddp.sbatch']
@@ -228,15 +228,19 @@ def test_with_max_restarts_a_killed_process_restarts_and_the_job_ends_well(
     if framework != 'pytorch':
         pytest.skip('only the PyTorch script asks its launcher for restarts')
     folder = in_book_folder(tmp_path).resolve()
-    job = submit(framework, slurm, folder)
+    # five epochs, so that the kill lands in training even on a busy machine
+    job = submit(framework, slurm, folder, epochs=5)
     out = folder / f'ddp-resnet18-{job}.out'
-    until = time.monotonic() + 120  # until the first attempt trains
+    until = time.monotonic() + 120  # until the first attempt reads its data
     while time.monotonic() < until and not (
-            out.exists() and '2 processes, backend' in out.read_text()):
+            out.exists() and 'Fashion-MNIST files from' in out.read_text()):
         time.sleep(0.2)
     pids = workers_in(folder)
     assert len(pids) == 2, f'the job runs {len(pids)} processes, not 2'
     os.kill(max(pids), signal.SIGKILL)
+    # an agent whose processes had ended would wait for no new attempt
+    assert 'test accuracy' not in out.read_text(), \
+        'the first attempt ended before the kill: give it more epochs'
     out = finished(job, slurm, folder)
     # each attempt's processes wait for each other once: two attempts
     assert len(re.findall(r'^rank 0 waits for all 2 ranks', out, re.M)) == 2, \
