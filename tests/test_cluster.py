@@ -13,13 +13,12 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 
 import pytest
 
-from test_process_groups import scenario_env
+from test_process_groups import free_port, shell_env
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PAGE = ROOT / 'chapter_multi_gpu' / 'cluster.md'
@@ -35,12 +34,6 @@ def tab_blocks(framework, language):
            if framework in [t.strip() for t in tabs.split(',')]
            for b in block.findall(body)]
     return own, block.findall(tabbed.sub('', text))
-
-
-def free_port():
-    with socket.socket() as probe:
-        probe.bind(('127.0.0.1', 0))
-        return probe.getsockname()[1]
 
 
 def brief(text, port, epochs=1):
@@ -113,8 +106,7 @@ def slurm():
         'JobAcctGatherType=jobacct_gather/none',
         f'NodeName={host} CPUs={os.cpu_count()} State=UNKNOWN',
         'PartitionName=book Nodes=ALL Default=YES MaxTime=10 State=UP', '']))
-    env = dict(scenario_env(), SLURM_CONF=str(conf),
-               PATH=os.path.dirname(sys.executable) + ':' + os.environ['PATH'])
+    env = shell_env(SLURM_CONF=str(conf))
     quiet = dict(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                  env=env, start_new_session=True)
     daemons = [subprocess.Popen(
@@ -278,9 +270,7 @@ def test_the_two_pods_commands_train_together(framework, tmp_path):
         args = brief('\0'.join(container['command'] + container['args']),
                      port).replace('ddp-0.ddp', 'localhost').replace(
                          '$(JOB_COMPLETION_INDEX)', str(index)).split('\0')
-        env = dict(scenario_env(), JOB_COMPLETION_INDEX=str(index),
-                   PATH=os.path.dirname(sys.executable) + ':'
-                   + os.environ['PATH'])
+        env = shell_env(JOB_COMPLETION_INDEX=str(index))
         pods.append(subprocess.Popen(
             args, cwd=folder, env=env, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, text=True, start_new_session=True))

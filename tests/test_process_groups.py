@@ -1434,16 +1434,25 @@ def short_run(command, port):
     return parts
 
 
-def run_printed(command, workdir, deadline_s=400):
-    """Run `command` (short_run's parts at once) in `workdir`; (outputs of all parts and logs, return codes, listeners)."""
+def free_port():
+    """A port of the loopback interface that was free a moment ago."""
     import socket
     with socket.socket() as probe:
         probe.bind(('127.0.0.1', 0))
-        port = probe.getsockname()[1]
-    env = dict(scenario_env(), PATH=os.path.dirname(sys.executable) + ':'
-               + os.environ['PATH'])
+        return probe.getsockname()[1]
+
+
+def shell_env(**extra):
+    """scenario_env for a shell command: this Python's launchers first on PATH."""
+    return dict(scenario_env(), PATH=os.path.dirname(sys.executable) + ':'
+                + os.environ['PATH'], **extra)
+
+
+def run_printed(command, workdir, deadline_s=400):
+    """Run `command` (short_run's parts at once) in `workdir`; (outputs of all parts and logs, return codes, listeners)."""
+    env = shell_env()
     procs = [start(['bash', '-c', part], cwd=workdir, env=env)
-             for part in short_run(command, port)]
+             for part in short_run(command, free_port())]
     texts, codes, listeners = [], [], []
     for proc in procs:
         out, err, seen = watch_listeners(proc, deadline_s, every_s=0.05)
