@@ -14,7 +14,7 @@ from conftest import ROOT, page_definitions
 PAGE = ROOT / 'chapter_multi_gpu' / 'planner.md'
 DEFINITIONS = ('Model = collections', 'def device_bytes', 'def link',
                'def step_seconds', 'def candidates', 'def predict(',
-               'def gpus')
+               'def plan', 'def gpus')
 
 
 @pytest.fixture
@@ -103,7 +103,7 @@ def test_a_tensor_group_beyond_one_machine_pays_the_across_constants(page):
 
 
 def test_every_candidate_divides_the_devices_heads_sequence_and_batch(page):
-    model = page['Model'](12, 256, 1024, 8, 4, 1000, 512, E=4, k=2)
+    model = page['Model'](16, 256, 1024, 8, 4, 1000, 512, E=4, k=2)
     cluster = page['Cluster'](4, 8, math.inf, 1e14, 2e14, (1e-6, 1e-11),
                               (1e-5, 1e-10))
     found = list(page['candidates'](model, cluster, 64))
@@ -113,7 +113,36 @@ def test_every_candidate_divides_the_devices_heads_sequence_and_batch(page):
         assert c.tp <= 8 and model.g % c.tp == 0 and model.s % c.cp == 0
         assert 64 % (c.dp * c.micro) == 0 and c.dp % c.ep == 0
         assert model.E % c.ep == 0 and c.pp <= model.L
+        if c.virtual > 1:  # interleaving needs stages, and groups of pp
+            assert c.pp > 1 and math.ceil(model.L / c.pp) % c.virtual == 0
+            assert 64 // (c.dp * c.micro) % c.pp == 0
     assert {c.ep for c in found} == {1, 2, 4}
+    assert {c.virtual for c in found} == {1, 2, 4}
+
+
+def test_interleaving_v_stages_divides_the_bubble_by_v(page):
+    model = page['Model'](16, 64, 256, 4, 4, 0, 32)
+    cluster = page['Cluster'](1, 4, math.inf, 1e12, 2e12, (0.0, 0.0),
+                              (0.0, 0.0))  # free exchanges: the bubble alone
+    secs = {v: page['step_seconds'](model, cluster, page['Config'](
+        1, 1, 4, 1, 1, 1, False, v), 8) for v in (1, 2, 4)}
+    for v in (2, 4):
+        assert secs[v]['bubble'] == pytest.approx(secs[1]['bubble'] / v)
+        assert secs[v]['compute'] == secs[1]['compute']
+    # 8 micro-batches over 4 stages: (m + p - 1) / m of the arithmetic
+    assert secs[1]['total'] == pytest.approx(secs[1]['compute'] * 11 / 8)
+
+
+@pytest.mark.parametrize('v, m, ahead', [(2, 8, 11), (2, 4, 8), (4, 8, 19)])
+def test_an_interleaved_first_device_holds_its_warm_up_and_one_more(
+        page, v, m, ahead):
+    model = page['Model'](16, 64, 256, 4, 4, 0, 32)
+    Config, bytes_of = page['Config'], page['device_bytes']
+    layer = bytes_of(model, Config(1, 1, 16, 1, 1, 1, False), 1)
+    held = bytes_of(model, Config(1, 1, 4, 1, 1, 1, False, v), m)
+    # 2(p-1) + (v-1)p forward steps of 4/v layers, and one more, at most mv
+    assert held['activations'] == pytest.approx(
+        min(ahead, m * v) * 4 / v * layer['activations'])
 
 
 def test_the_plan_is_fastest_first_and_every_row_fits(page):
