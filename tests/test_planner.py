@@ -12,7 +12,8 @@ import pytest
 from conftest import ROOT, page_definitions
 
 PAGE = ROOT / 'chapter_multi_gpu' / 'planner.md'
-DEFINITIONS = ('Model = collections', 'def device_bytes', 'def link',
+DEFINITIONS = ('Model = collections', 'def state_bytes',
+               'def activation_bytes', 'def link', 'def slot_seconds',
                'def step_seconds', 'def candidates', 'def predict(',
                'def plan', 'def gpus')
 
