@@ -220,9 +220,13 @@ def watch_listeners(proc, deadline_s, every_s=0.2):
                 with open(f'/proc/{pid}/cmdline', 'rb') as f:
                     command = f.read().replace(b'\0', b' ').decode().strip()
             except OSError:
-                command = '?'
+                command = ''
             seen.add((str(address), port, command))
         waiter.join(every_s)
+    # A process that is exiting reads an empty command line: its sockets then
+    # appear twice, with and without their owner; keep the named entry.
+    named = {(address, port) for address, port, command in seen if command}
+    seen = {entry for entry in seen if entry[2] or entry[:2] not in named}
     try:  # processes that outlived the leader go too
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
