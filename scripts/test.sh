@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# make test: the stages (make test-unit, test-notebooks, then test-numpy2
-# and test-rendered at once), while the NumPy-2 environment that
-# test-numpy2 needs is built in the background, and so are the Debian
-# packages of the browser and PDF checks (Chromium, TeX); prints each
-# stage's time.
+# make test: the unit tests (make test-unit) while, in the background, the
+# scratch copy of the book is prepared (scripts/prepare-test-book.sh), the
+# NumPy-2 environment that test-numpy2 needs is built, and the Debian packages
+# of the browser and PDF checks (Chromium, TeX) are installed; then the checks
+# that read the scratch copy, at once: the MXNet notebook zip followed by the
+# NumPy-2 checks (make test-notebooks, then test-numpy2), beside the rendered
+# book (make test-rendered). Prints each stage's time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p _build
@@ -14,8 +16,11 @@ apt_log=_build/apt.log
 WITH_BROWSER=1 WITH_PDF=1 APT_ONLY=1 scripts/setup.sh > $apt_log 2>&1 &
 apt_pid=$!
 stop_background() {
-  pkill -TERM -P $venv_pid 2>/dev/null || true  # pip, if still installing
-  kill $venv_pid 2>/dev/null || true
+  local pid
+  for pid in $venv_pid ${prepare_pid:-}; do  # pip or d2lbook, if still running
+    pkill -TERM -P $pid 2>/dev/null || true
+    kill $pid 2>/dev/null || true
+  done
   wait $apt_pid 2>/dev/null || true  # never leave dpkg half done
 }
 trap stop_background EXIT
@@ -27,44 +32,61 @@ stage() {
   times+="  $1: $((SECONDS - began)) s"$'\n'
 }
 began=$SECONDS
+# From here on each process gets one OpenMP thread: a pool's threads spin
+# while they wait for each other, and beside busy processes that spinning
+# takes the cores (a sharded-data-parallel cell: under 1 s with one thread,
+# 52 s with two, beside two busy processes). Preparing the scratch copy
+# takes one core for about a minute beside the unit tests (where the stored
+# outputs of a page are stale, the page is evaluated there).
+OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} scripts/prepare-test-book.sh \
+  > _build/test-book-prepare.log 2>&1 &
+prepare_pid=$!
 stage test-unit
-# Two notebooks run at once from here on, beside the renderer, so each
-# process gets one OpenMP thread: a pool's threads spin while they wait for
-# each other, and beside busy processes that spinning takes the cores (a
-# sharded-data-parallel cell: under 1 s with one thread, 52 s with two,
-# beside two busy processes).
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
-stage test-notebooks
-if ! wait $venv_pid; then
-  cat $log >&2
-  echo "test: building the NumPy-2 environment failed (log above)" >&2
-  exit 1
-fi
-cat $log
-if ! wait $apt_pid; then
-  cat $apt_log >&2
-  echo "test: installing the Debian packages of the browser and PDF checks failed (log above)" >&2
-  exit 1
-fi
-cat $apt_log
-# NumPy 2 and the rendered book both read the scratch copy the notebook stage
-# evaluated and write nothing the other reads. The rendered stage leaves
-# about a third of the CPU idle (the browser and TeX mostly wait on one
-# process), so the two run at once (322 s against 339 s one after the other).
-# Each stage's output goes to its log, printed whole when it ends.
-began_pair=$SECONDS
-make --no-print-directory test-numpy2 > _build/test-numpy2.log 2>&1 &
-numpy2_pid=$!
+waited() {  # waited PID LOG WHAT: wait for a background job, print its log
+  if ! wait "$1"; then
+    cat "$2" >&2
+    echo "test: $3 failed (log above)" >&2
+    exit 1
+  fi
+  cat "$2"
+}
+waited $prepare_pid _build/test-book-prepare.log "preparing the scratch copy of the book"
+waited $venv_pid $log "building the NumPy-2 environment"
+waited $apt_pid $apt_log "installing the Debian packages of the browser and PDF checks"
+# The notebook zips and the rendered book all read the scratch copy and write
+# nothing another reads. The rendered stage leaves about a third of the CPU
+# idle (the browser and TeX mostly wait on one process), so it runs beside
+# the notebooks: first MXNet's zip (NumPy 1), then the NumPy-2 checks. Each
+# stage's output goes to its log, printed whole when its chain ends.
+began_checks=$SECONDS
+notebooks_then_numpy2() {
+  local began=$SECONDS status=0
+  TEST_BOOK_PREPARED=1 make --no-print-directory test-notebooks \
+    > _build/test-notebooks.log 2>&1 || status=1
+  echo "$((SECONDS - began))" > _build/test-notebooks.seconds
+  make --no-print-directory test-numpy2 > _build/test-numpy2.log 2>&1 || status=$((status + 2))
+  return $status
+}
+notebooks_then_numpy2 &
+chain_pid=$!
 make --no-print-directory test-rendered > _build/test-rendered.log 2>&1 &
 rendered_pid=$!
 failed=""
-for name in numpy2 rendered; do
-  pid_var=${name}_pid
-  if wait ${!pid_var}; then status=passed; else status=failed; failed+=" test-$name"; fi
+if wait $rendered_pid; then status=passed; else status=failed; failed+=" test-rendered"; fi
+rendered_s=$((SECONDS - began_checks))
+echo "== make test-rendered ($status)"
+cat _build/test-rendered.log
+chain=0
+wait $chain_pid || chain=$?
+for name in notebooks numpy2; do
+  bit=$([ $name = notebooks ] && echo 1 || echo 2)
+  if (( chain & bit )); then status=failed; failed+=" test-$name"; else status=passed; fi
   echo "== make test-$name ($status)"
   cat _build/test-$name.log
 done
-times+="  test-numpy2 and test-rendered at once: $((SECONDS - began_pair)) s"$'\n'
+times+="  test-notebooks: $(cat _build/test-notebooks.seconds) s, then test-numpy2; beside them test-rendered: ${rendered_s} s"$'\n'
+times+="  the three at once: $((SECONDS - began_checks)) s"$'\n'
 if [ -n "$failed" ]; then
   echo "test: failed:$failed (logs above)" >&2
   exit 1
