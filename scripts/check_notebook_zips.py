@@ -125,6 +125,10 @@ def check_tab(root, name, tabs, tab, zip_dir, python, xdist, skip_evaluated=Fals
         # PYTHONWARNINGS as `d2lbook build eval` sets it, which made the reference outputs.
         env = dict(os.environ, PYTHONPATH=str(site), D2L_QUICK='1', PYTHONWARNINGS='ignore')
         env.pop('PYTHONSTARTUP', None)
+        # What the kernels and their processes leave in the temporary folder
+        # (a killed rank's, a fork server's) goes with this folder at the end.
+        (work / 'tmp').mkdir()
+        env['TMPDIR'] = str(work / 'tmp')
         where = subprocess.run([python, '-c', 'import d2l; print(d2l.__file__)'], cwd=work,
                                env=env, capture_output=True, text=True, check=True).stdout.strip()
         if not where.startswith(str(site)):

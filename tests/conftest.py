@@ -252,6 +252,29 @@ STARTS_PROCESSES = {'test_process_groups.py', 'test_parameter_server.py',
                     'test_stored_outputs.py'}
 
 
+# What the tests' processes leave in the temporary folder (the fork server's
+# socket folder of a process killed at its deadline, torchrun's log folder)
+# goes into one folder per test session, removed at its end. The pytest
+# processes keep the usual folder for their own files.
+_SESSION_TMPDIR = []
+
+
+def pytest_configure(config):
+    if os.environ.get('D2L_TESTS_TMPDIR'):
+        return  # a pytest-xdist worker, or a pytest a test started
+    import tempfile
+    tempfile.gettempdir()  # this process keeps the folder it would use
+    folder = tempfile.mkdtemp(prefix='d2l-tests-')
+    os.environ['D2L_TESTS_TMPDIR'] = os.environ['TMPDIR'] = folder
+    _SESSION_TMPDIR.append(folder)
+
+
+def pytest_unconfigure(config):
+    import shutil
+    for folder in _SESSION_TMPDIR:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def pytest_collection_modifyitems(config, items):
     """Run the long tests first: slow ones, then those that start processes."""
     items.sort(key=lambda item: (item.get_closest_marker('slow') is None,
