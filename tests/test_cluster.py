@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from test_process_groups import free_port, shell_env
+from test_process_groups import BRIEF_DATA, free_port, shell_env
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PAGE = ROOT / 'chapter_multi_gpu' / 'cluster.md'
@@ -162,8 +162,8 @@ def in_book_folder(tmp_path):
     return tmp_path
 
 
-def submit(framework, slurm, folder, epochs=1):
-    """Queue the tab's batch script as the page's one-machine command does; the job's number."""
+def submit(framework, slurm, folder, epochs=1, data=BRIEF_DATA):
+    """Queue the tab's batch script as the page's one-machine command does, the job's environment updated with `data`; the job's number."""
     own, shared = tab_blocks(framework, 'bash')
     script, = [b for b in own if b.startswith('#!/bin/bash\n#SBATCH')]
     command, = [b for b in shared if b.startswith('sbatch ')]
@@ -171,8 +171,8 @@ def submit(framework, slurm, folder, epochs=1):
     # without --wait: the job's state is polled, as sbatch --wait polls
     # only every few seconds
     args = command.split()[:-1] + ['--time=5', 'ddp.sbatch']
-    done = subprocess.run(args, cwd=folder, env=slurm, capture_output=True,
-                          text=True, timeout=60)
+    done = subprocess.run(args, cwd=folder, env=dict(slurm, **data),
+                          capture_output=True, text=True, timeout=60)
     job = re.search(r'Submitted batch job (\d+)', done.stdout)
     assert job, done.stdout + done.stderr
     return job.group(1)
@@ -220,8 +220,9 @@ def test_with_max_restarts_a_killed_process_restarts_and_the_job_ends_well(
     if framework != 'pytorch':
         pytest.skip('only the PyTorch script asks its launcher for restarts')
     folder = in_book_folder(tmp_path).resolve()
-    # five epochs, so that the kill lands in training even on a busy machine
-    job = submit(framework, slurm, folder, epochs=5)
+    # five epochs of quick mode's images, so that the kill lands in training
+    # even on a busy machine
+    job = submit(framework, slurm, folder, epochs=5, data={})
     out = folder / f'ddp-resnet18-{job}.out'
     until = time.monotonic() + 120  # until the first attempt reads its data
     while time.monotonic() < until and not (
@@ -270,7 +271,7 @@ def test_the_two_pods_commands_train_together(framework, tmp_path):
         args = brief('\0'.join(container['command'] + container['args']),
                      port).replace('ddp-0.ddp', 'localhost').replace(
                          '$(JOB_COMPLETION_INDEX)', str(index)).split('\0')
-        env = shell_env(JOB_COMPLETION_INDEX=str(index))
+        env = shell_env(JOB_COMPLETION_INDEX=str(index), **BRIEF_DATA)
         pods.append(subprocess.Popen(
             args, cwd=folder, env=env, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, text=True, start_new_session=True))

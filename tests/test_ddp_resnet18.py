@@ -7,7 +7,7 @@ import pytest
 
 from conftest import tab_cells
 from test_process_groups import (  # noqa: F401  (ddp is a fixture)
-    ROOT, ddp, run_scenario)
+    BRIEF_DATA, ROOT, ddp, run_scenario)
 
 PAGE = ROOT / 'chapter_multi_gpu' / 'ddp-resnet18.md'
 
@@ -84,14 +84,16 @@ def test_two_processes_train_and_every_rank_reports_one_accuracy(
     init = ('d2l.local_init_method()' if framework == 'pytorch'
             else "'env://'")
     ranks = run_scenario(framework, f"""
+        os.environ.update({BRIEF_DATA!r})  # the ranks take this environment
         ranks = d2l.spawn_ranks(d2l.train_ddp, 2, {init}, 1, 64, 0.2)
         report([[r['test_acc'], r['train_loss'], r['world_size'],
-                 len(r['epoch_s'])] for r in ranks])
+                 len(r['epoch_s'])] for r in ranks]
+               + [len(d2l.fashion_mnist_tensors('test')[1])])
         """)
-    first, second = ranks
+    first, second, n_test = ranks
+    assert n_test == 20  # two test images of each class
     assert first[2:] == second[2:] == [2, 1]
     assert first[0] == second[0]  # the counts of both ranks, summed
-    n_test = len(d2l.fashion_mnist_tensors('test')[1])
     for acc in first[0]:  # one accuracy per epoch, in whole images
         assert abs(acc * n_test - round(acc * n_test)) < 1e-9
     assert first[1] == second[1]  # losses averaged over ranks
