@@ -260,12 +260,14 @@ _SESSION_TMPDIR = []
 
 
 def pytest_configure(config):
-    if os.environ.get('D2L_TESTS_TMPDIR'):
-        return  # a pytest-xdist worker, or a pytest a test started
     import tempfile
-    tempfile.gettempdir()  # this process keeps the folder it would use
+    own = os.environ.get('D2L_TESTS_OWN_TMPDIR')
+    if own:  # a pytest-xdist worker, or a pytest a test started
+        tempfile.tempdir = own  # as its controller: munged, for one, wants
+        return  # every folder above its socket open to all
+    own = tempfile.gettempdir()
     folder = tempfile.mkdtemp(prefix='d2l-tests-')
-    os.environ['D2L_TESTS_TMPDIR'] = os.environ['TMPDIR'] = folder
+    os.environ.update(D2L_TESTS_OWN_TMPDIR=own, TMPDIR=folder)
     _SESSION_TMPDIR.append(folder)
 
 
