@@ -55,9 +55,10 @@ waited $prepare_pid _build/test-book-prepare.log "preparing the scratch copy of 
 waited $venv_pid $log "building the NumPy-2 environment"
 waited $apt_pid $apt_log "installing the Debian packages of the browser and PDF checks"
 # The notebook zips and the rendered book all read the scratch copy and write
-# nothing another reads. The rendered stage leaves about a third of the CPU
-# idle (the browser and TeX mostly wait on one process), so it runs beside
-# the notebooks: first MXNet's zip (NumPy 1), then the NumPy-2 checks. Each
+# nothing another reads. Alone, the rendered stage leaves part of the CPU
+# idle (the browser and TeX mostly wait on one process), and so do the seams
+# between the zip checks; side by side they keep both cores busy. Beside the
+# rendered book run MXNet's zip (NumPy 1), then the NumPy-2 checks. Each
 # stage's output goes to its log, printed whole when its chain ends.
 began_checks=$SECONDS
 notebooks_then_numpy2() {
