@@ -14,5 +14,4 @@ fi
 # MXNet's zip here (MXNet 1.9 needs NumPy 1); the PyTorch and PaddlePaddle
 # zips run in the readers' NumPy-2 environment (scripts/test-numpy2.sh), so no
 # notebook is run twice after the build's own evaluation.
-D2L_QUICK=1 python scripts/check_notebook_zips.py _build/test-book --skip-evaluated \
-  --tabs ${ZIP_TABS:-mxnet}
+python scripts/check_notebook_zips.py _build/test-book --skip-evaluated --tabs ${ZIP_TABS:-mxnet}

@@ -59,35 +59,26 @@ waited $apt_pid $apt_log "installing the Debian packages of the browser and PDF 
 # idle (the browser and TeX mostly wait on one process), and so do the seams
 # between the zip checks; side by side they keep both cores busy. Beside the
 # rendered book run MXNet's zip (NumPy 1), then the NumPy-2 checks. Each
-# stage's output goes to its log, printed whole when its chain ends.
-began_checks=$SECONDS
-notebooks_then_numpy2() {
-  local began=$SECONDS status=0
-  TEST_BOOK_PREPARED=1 make --no-print-directory test-notebooks \
-    > _build/test-notebooks.log 2>&1 || status=1
-  echo "$((SECONDS - began))" > _build/test-notebooks.seconds
-  make --no-print-directory test-numpy2 > _build/test-numpy2.log 2>&1 || status=$((status + 2))
-  return $status
+# stage's output goes to its log, printed whole when all three have ended.
+checked() {  # checked NAME: make test-NAME into its log; "status seconds"
+  local began=$SECONDS status=passed
+  make --no-print-directory "test-$1" > "_build/test-$1.log" 2>&1 || status=failed
+  echo "$status $((SECONDS - began))" > "_build/test-$1.result"
 }
-notebooks_then_numpy2 &
-chain_pid=$!
-make --no-print-directory test-rendered > _build/test-rendered.log 2>&1 &
-rendered_pid=$!
+rm -f _build/test-*.result
+began_checks=$SECONDS
+(export TEST_BOOK_PREPARED=1; checked notebooks; checked numpy2) &
+checked rendered &
+wait
 failed=""
-if wait $rendered_pid; then status=passed; else status=failed; failed+=" test-rendered"; fi
-rendered_s=$((SECONDS - began_checks))
-echo "== make test-rendered ($status)"
-cat _build/test-rendered.log
-chain=0
-wait $chain_pid || chain=$?
-for name in notebooks numpy2; do
-  bit=$([ $name = notebooks ] && echo 1 || echo 2)
-  if (( chain & bit )); then status=failed; failed+=" test-$name"; else status=passed; fi
+for name in notebooks numpy2 rendered; do
+  read -r status seconds < "_build/test-$name.result"
   echo "== make test-$name ($status)"
-  cat _build/test-$name.log
+  cat "_build/test-$name.log"
+  [ "$status" = passed ] || failed+=" test-$name"
+  times+="  test-$name: $seconds s"$'\n'
 done
-times+="  test-notebooks: $(cat _build/test-notebooks.seconds) s, then test-numpy2; beside them test-rendered: ${rendered_s} s"$'\n'
-times+="  the three at once: $((SECONDS - began_checks)) s"$'\n'
+times+="  the last three (notebooks, then numpy2, beside rendered): $((SECONDS - began_checks)) s"$'\n'
 if [ -n "$failed" ]; then
   echo "test: failed:$failed (logs above)" >&2
   exit 1
