@@ -137,13 +137,14 @@ def _in_process(nb, root):
     # As in a kernel, the cells run in a main module without a file, so that
     # d2l.spawn_ranks sends the functions a page defines by value.
     main, saved = types.ModuleType('__main__'), sys.modules['__main__']
-    namespace, shown = vars(main), set()
+    namespace, shown = vars(main), {}  # id: figure, kept so that no id is reused
     sys.modules['__main__'] = main
+    made = _animators_made()
     try:
         for count, cell in enumerate(code_cells(nb), 1):
             source = '\n'.join(line for line in join(cell['source']).splitlines()
                                if not line.startswith(('%', '!')))  # no magics without IPython
-            cell['outputs'], failed = run_cell(source, namespace, count, shown)
+            cell['outputs'], failed = run_cell(source, namespace, count, shown, made)
             cell['execution_count'] = count
             if failed:
                 del nb['cells'][nb['cells'].index(cell) + 1:]  # the cells a kernel never ran
@@ -153,7 +154,20 @@ def _in_process(nb, root):
     return nb, None
 
 
-def run_cell(source, namespace, count, shown):
+def _animators_made():
+    """A list that every d2l Animator made from now on joins: a training function
+    that keeps its Animator to itself still shows its curves, as in a kernel."""
+    from d2l import runtime
+    made, init = [], runtime.Animator.__init__
+
+    def recorded(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        made.append(self)
+    runtime.Animator.__init__ = recorded
+    return made
+
+
+def run_cell(source, namespace, count, shown, made=()):
     """Execute one cell like a kernel; return its outputs and None or its error."""
     text, failed, value = io.StringIO(), None, None
     try:
@@ -170,22 +184,25 @@ def run_cell(source, namespace, count, shown):
         failed = f'{type(err).__name__}: {err}'
     outputs = [{'output_type': 'stream', 'name': 'stdout', 'text': text.getvalue()}
                ] if text.getvalue() else []
-    outputs += figures(namespace, shown)
+    outputs += figures(namespace, shown, made)
     if value is not None:
         outputs.append({'output_type': 'execute_result', 'metadata': {}, 'execution_count': count,
                         'data': {'text/plain': repr(value)}})
     return outputs, failed
 
 
-def figures(namespace, shown):
-    """A cell's new figures as outputs: pyplot's (closed after) and d2l.Animator's."""
+def figures(namespace, shown, made=()):
+    """A cell's new figures as outputs: pyplot's (closed after) and d2l.Animator's,
+    those in the namespace and those the cell made (`made`, emptied here)."""
     from matplotlib import pyplot as plt
     from matplotlib.figure import Figure
     found = [plt.figure(n) for n in plt.get_fignums()]
     plt.close('all')
-    animators = [getattr(value, 'fig', None) for value in list(namespace.values())]
+    animators = [getattr(value, 'fig', None) for value in [*namespace.values(), *made]]
+    if made:
+        made.clear()
     found += [f for f in animators if isinstance(f, Figure) and id(f) not in shown]
-    shown.update(map(id, found))
+    shown.update((id(f), f) for f in found)
     outputs = []
     for figure in found:
         figure.savefig(svg := io.StringIO(), format='svg', bbox_inches='tight')

@@ -50,6 +50,12 @@ def test_a_page_runs_without_jupyter_into_a_notebook_that_carries_its_record(tmp
         assert record['seconds'] > 0 and len(record['key']) == 64
         assert record['devices'] and record['date'] and record['torch_build']
         assert str(ROOT) not in path.read_text()
+        # train() keeps its Animator to itself; its curve shows all the same.
+        training = [c for c in notebook['cells']
+                    if ''.join(c['source']).startswith('train(num_devices')]
+        assert all(any(o['output_type'] == 'display_data' for o in c['outputs'])
+                   for c in training), f'{name}: a training cell shows no curve'
+        assert len(training) == (2 if name == 'multiple-gpus' else 0)
     assert {'stream', 'display_data', 'execute_result'} <= kinds
     summary = (out / 'summary.md').read_text().splitlines()
     assert summary[0].startswith('quick-mode run of 2 pages on ')
