@@ -15,15 +15,21 @@ venv_pid=$!
 apt_log=_build/apt.log
 WITH_BROWSER=1 WITH_PDF=1 APT_ONLY=1 scripts/setup.sh > $apt_log 2>&1 &
 apt_pid=$!
-stop_background() {
+kill_tree() {  # kill_tree PID: the process and everything it started
+  local child
+  for child in $(pgrep -P "$1" 2>/dev/null); do kill_tree "$child"; done
+  kill -TERM "$1" 2>/dev/null || true
+}
+stop_background() {  # the jobs still running: each is unset once waited for
   local pid
-  for pid in $venv_pid ${prepare_pid:-}; do  # pip or d2lbook, if still running
-    pkill -TERM -P $pid 2>/dev/null || true
-    kill $pid 2>/dev/null || true
+  for pid in ${venv_pid:-} ${prepare_pid:-} ${zips_pid:-} ${rendered_pid:-}; do
+    kill_tree "$pid"
   done
   wait $apt_pid 2>/dev/null || true  # never leave dpkg half done
 }
 trap stop_background EXIT
+trap 'exit 130' INT  # so that the EXIT trap runs
+trap 'exit 143' TERM
 times=""
 stage() {
   local began=$SECONDS
@@ -52,7 +58,9 @@ waited() {  # waited PID LOG WHAT: wait for a background job, print its log
   cat "$2"
 }
 waited $prepare_pid _build/test-book-prepare.log "preparing the scratch copy of the book"
+prepare_pid=
 waited $venv_pid $log "building the NumPy-2 environment"
+venv_pid=
 waited $apt_pid $apt_log "installing the Debian packages of the browser and PDF checks"
 # The notebook zips and the rendered book all read the scratch copy and write
 # nothing another reads. Alone, the rendered stage leaves part of the CPU
@@ -68,8 +76,11 @@ checked() {  # checked NAME: make test-NAME into its log; "status seconds"
 rm -f _build/test-*.result
 began_checks=$SECONDS
 (export TEST_BOOK_PREPARED=1; checked notebooks; checked numpy2) &
+zips_pid=$!
 checked rendered &
+rendered_pid=$!
 wait
+zips_pid= rendered_pid=
 failed=""
 for name in notebooks numpy2 rendered; do
   read -r status seconds < "_build/test-$name.result"
