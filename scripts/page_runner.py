@@ -167,7 +167,7 @@ def _animators_made():
     return made
 
 
-def run_cell(source, namespace, count, shown, made=()):
+def run_cell(source, namespace, count, shown, made):
     """Execute one cell like a kernel; return its outputs and None or its error."""
     text, failed, value = io.StringIO(), None, None
     try:
@@ -191,7 +191,7 @@ def run_cell(source, namespace, count, shown, made=()):
     return outputs, failed
 
 
-def figures(namespace, shown, made=()):
+def figures(namespace, shown, made):
     """A cell's new figures as outputs: pyplot's (closed after) and d2l.Animator's,
     those in the namespace and those the cell made (`made`, emptied here)."""
     from matplotlib import pyplot as plt
@@ -199,8 +199,7 @@ def figures(namespace, shown, made=()):
     found = [plt.figure(n) for n in plt.get_fignums()]
     plt.close('all')
     animators = [getattr(value, 'fig', None) for value in [*namespace.values(), *made]]
-    if made:
-        made.clear()
+    made.clear()
     found += [f for f in animators if isinstance(f, Figure) and id(f) not in shown]
     shown.update((id(f), f) for f in found)
     outputs = []
